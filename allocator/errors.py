@@ -1,0 +1,92 @@
+"""The project's own exceptions.
+
+Rules: driver and library errors are translated into these at the boundary (keeping
+``__cause__``), so callers and the CLI never see a raw psycopg/kazoo exception. Every error
+carries the process exit code the CLI uses for it; the message is one line a user can act on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class AllocatorError(Exception):
+    """Base of every error this project raises on purpose."""
+
+    exit_code: int = 1
+
+
+class UsageError(AllocatorError):
+    """Bad input from a user: a flag, an argument, a value."""
+
+    exit_code = 2
+
+
+class InvalidIdError(UsageError):
+    """A value given as a Snowflake ID is not one (not an integer, negative, too large)."""
+
+
+class ConfigError(AllocatorError):
+    """A configuration value is missing or invalid; the message names the key."""
+
+    exit_code = 78  # EX_CONFIG
+
+
+class InvalidConfigError(ConfigError):
+    """Configuration failed validation; ``problems`` holds one line per bad key."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        self.problems = tuple(problems)
+        # One line, as the CLI prints errors; ``allocator config check`` lists one per line.
+        if len(self.problems) == 1:
+            message = f"invalid configuration: {self.problems[0]}"
+        else:
+            joined = "; ".join(self.problems)
+            message = f"invalid configuration ({len(self.problems)} problems): {joined}"
+        super().__init__(message)
+
+
+class LayoutError(ConfigError):
+    """A Snowflake layout is invalid, or a value does not fit it; ``field`` names the culprit."""
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class PrerequisiteError(AllocatorError):
+    """Something the machine must provide is missing (a package, a binary)."""
+
+    exit_code = 69  # EX_UNAVAILABLE
+
+
+class ServerStartError(AllocatorError):
+    """A server we started (ZooKeeper, PostgreSQL) did not come up; carries its log tail."""
+
+    exit_code = 70  # EX_SOFTWARE
+
+
+class PortInUseError(AllocatorError):
+    """A TCP port a server must listen on is taken; the message names the port."""
+
+    exit_code = 75  # EX_TEMPFAIL
+
+
+class LocalClusterError(AllocatorError):
+    """The embedded cluster's recorded state does not allow the request (``allocator local``)."""
+
+
+def describe(exc: BaseException) -> str:
+    """One line: the message followed by its cause chain (``a: b: c``), no traceback."""
+    parts: list[str] = []
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        text = " ".join(str(current).split()) or type(current).__name__
+        if not parts or text not in parts[-1]:
+            parts.append(text)
+        current = current.__cause__ or (
+            None if current.__suppress_context__ else current.__context__
+        )
+    return ": ".join(parts)
