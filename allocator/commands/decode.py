@@ -1,0 +1,43 @@
+"""``allocator decode ID``: show the fields of a Snowflake ID under the configured layout.
+
+Rules: the ID is validated before the configuration is loaded, so a bad ID is reported as
+such (non-integer, negative, larger than 2^63-1: one line, exit 2). A leading ``-`` is read
+as part of the ID, not as a flag, so ``decode -5`` reports a negative ID. The time shown is
+when the ID's block was cut, not when the ID was handed out. ``--json`` prints exactly the
+stable keys of DESIGN §10.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from allocator import config as config_mod
+from allocator import layout
+
+
+@click.command("decode", context_settings={"ignore_unknown_options": True})
+@click.argument("snowflake_id", metavar="ID", type=str)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@config_mod.config_options
+def decode(
+    snowflake_id: str, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
+) -> None:
+    """Decode ID into its time (UTC, when its block was cut), datacenter, lane and sequence."""
+    value = layout.parse_id(snowflake_id)
+    loaded = config_mod.load_from_options(config_path, set_pairs)
+    fields = loaded.layout.decode(value).to_json()
+    if as_json:
+        click.echo(json.dumps(fields))
+        return
+    rows = {
+        "id": fields["id"],
+        "timestamp": f"{fields['time']}  (Unix ms {fields['timestamp_ms']}; block cut)",
+        "datacenter": fields["datacenter"],
+        "lane": fields["lane"],
+        "sequence": fields["sequence"],
+    }
+    for name, shown in rows.items():
+        click.echo(f"{name:<11} {shown}")

@@ -1,0 +1,607 @@
+"""Configuration: one validated, frozen :class:`Config` from a TOML file, the environment and flags.
+
+Rules:
+
+- Sources, lowest precedence first: built-in defaults < the TOML file (``--config PATH`` or
+  ``ALLOCATOR_CONFIG``; optional, but a file that was named must exist) < ``ALLOCATOR_*``
+  environment variables < explicit overrides from command-line flags (``--set`` and
+  dedicated flags).
+- Keys are ``section.key``. The environment variable of a key is ``ALLOCATOR_`` followed by
+  the section and the key, upper-cased and joined by ``_``: ``zookeeper.session_timeout_ms``
+  is ``ALLOCATOR_ZOOKEEPER_SESSION_TIMEOUT_MS``. An ``ALLOCATOR_<SECTION>_*`` variable that
+  names no key is an error, like an unknown key in the file or in the overrides.
+- Every value is validated when the config is loaded; rules between keys are checked too
+  (once the keys involved are valid themselves). A failure raises
+  :class:`~allocator.errors.InvalidConfigError` whose ``problems`` lists every problem,
+  one line each, naming its dotted key, the bad value and where it came from, e.g.
+  ``pool.min_blocks: must be >= 1 (got 0, from ALLOCATOR_POOL_MIN_BLOCKS)``; "default"
+  when a key nobody set breaks a rule with one that was set.
+- Secrets (``postgres.url``'s password, ``zookeeper.auth``, ``node.admin_token``) are
+  ``SecretStr``, never echoed in errors, and masked by :meth:`Config.masked_dict`.
+- Loading reads the file and the clock (the layout epoch must not be in the future), nothing
+  else: ``node.name`` left empty becomes ``<hostname>-<pid>`` only when
+  :meth:`NodeConfig.resolved_name` is called.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import socket
+import time
+import tomllib
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Annotated, Any, Literal, TypeVar
+from urllib.parse import urlsplit
+
+import click
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import ErrorDetails
+from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
+from pydantic_settings.sources.utils import parse_env_vars
+
+from allocator import layout as layout_mod
+from allocator.errors import ConfigError, InvalidConfigError, LayoutError, UsageError
+
+ENV_PREFIX = "ALLOCATOR_"
+CONFIG_PATH_ENV = "ALLOCATOR_CONFIG"
+DEFAULT_ZK_HOSTS = "127.0.0.1:2181"
+DEFAULT_POSTGRES_URL = "postgresql://allocator_node@127.0.0.1:5432/allocator"
+DEFAULT_ADMIN_ADDRESS = "127.0.0.1:8470"
+MASK = "***"
+SECRET_KEYS = frozenset({"postgres.url", "zookeeper.auth", "node.admin_token"})
+MAX_NODE_NAME_CHARS = 64
+
+_HOST_PORT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>[0-9]{1,5}))?")
+_ZNODE_PATH = re.compile(r"(/[^/\x00-\x1f\x7f]+)+")
+_NODE_NAME = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_NODE_NAME_CHARS}}}")
+_NUMBER = re.compile(r"[+-]?[0-9]+(\.[0-9]*)?")
+
+
+def _not_bool(value: object) -> object:
+    # pydantic would read TOML `true` as 1; no key here is a flag, so that is always a mistake.
+    if isinstance(value, bool):
+        raise ValueError("must be a number, not true/false")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+
+
+def _check_host_port(text: str, *, min_port: int, port_required: bool) -> None:
+    match = _HOST_PORT.fullmatch(text)
+    if match is None or (port_required and match["port"] is None):
+        shape = "host:port" if port_required else "host[:port]"
+        raise ValueError(f"{text!r} is not {shape}")
+    if match["port"] is not None and not min_port <= int(match["port"]) <= 65535:
+        raise ValueError(f"port of {text!r} must be in {min_port}..65535")
+
+
+def _check_znode_path(text: str, what: str) -> None:
+    if not _ZNODE_PATH.fullmatch(text):
+        raise ValueError(
+            f"{what} must be an absolute znode path like /a/b, without a trailing slash "
+            f"(got {text!r})"
+        )
+    segments = text.split("/")[1:]
+    if any(segment in {".", ".."} for segment in segments):
+        raise ValueError(f"{what} must not contain '.' or '..' (got {text!r})")
+    if segments[0] == "zookeeper":
+        raise ValueError(f"{what} must not be under /zookeeper, which ZooKeeper reserves")
+
+
+def mask_url(url: str) -> str:
+    """``url`` with its password (in the user info or a ``password=`` parameter) masked."""
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return MASK
+    netloc = parts.netloc
+    userinfo, at, hostinfo = netloc.rpartition("@")
+    if not at and "@" in url:
+        # An "@" outside the parsed user info (e.g. an unescaped "/" in the password): we
+        # cannot tell where the password ends, so hide everything after the scheme.
+        return f"{parts.scheme}://{MASK}"
+    if at and ":" in userinfo:
+        netloc = f"{userinfo.partition(':')[0]}:{MASK}@{hostinfo}"
+    query = re.sub(r"(^|&)password=[^&]*", rf"\1password={MASK}", parts.query)
+    return parts._replace(netloc=netloc, query=query).geturl()
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class ClusterConfig(_Section):
+    """``[cluster]``: which cluster this is."""
+
+    datacenter_id: Int = Field(default=0, ge=0)
+    """The datacenter field of every ID; names the cluster. At most ``layout.max_datacenter``."""
+
+
+class LayoutConfig(_Section):
+    """``[layout]``: the Snowflake layout (see :mod:`allocator.layout`) and the block size."""
+
+    epoch: Int = Field(default=layout_mod.DEFAULT_EPOCH_MS, ge=0)
+    """Unix milliseconds; given as ISO-8601 with an offset, a TOML datetime, or Unix ms."""
+    timestamp_bits: Int = Field(default=layout_mod.DEFAULT_TIMESTAMP_BITS, ge=1)
+    datacenter_bits: Int = Field(default=layout_mod.DEFAULT_DATACENTER_BITS, ge=0)
+    lane_bits: Int = Field(default=layout_mod.DEFAULT_LANE_BITS, ge=0)
+    sequence_bits: Int = Field(default=layout_mod.DEFAULT_SEQUENCE_BITS, ge=1)
+    block_size: Int = Field(default=4096, ge=1)
+    """IDs per block: a power of two, at most ``2^sequence_bits``."""
+
+    @field_validator("epoch", mode="before")
+    @classmethod
+    def _parse_epoch(cls, value: object) -> object:
+        if isinstance(value, str) and not _NUMBER.fullmatch(value.strip()):
+            try:
+                value = datetime.fromisoformat(value.strip())
+            except ValueError:
+                raise ValueError(
+                    "must be ISO-8601 with a UTC offset (2020-01-01T00:00:00Z) or Unix ms"
+                ) from None
+        if isinstance(value, datetime):
+            if value.tzinfo is None:
+                raise ValueError("must carry a UTC offset, e.g. 2020-01-01T00:00:00Z")
+            return (value - layout_mod.utc_from_ms(0)) // timedelta(milliseconds=1)
+        return value
+
+
+class ZookeeperConfig(_Section):
+    """``[zookeeper]``: the ensemble and the election."""
+
+    hosts: str = DEFAULT_ZK_HOSTS
+    """``host[:port],...`` with an optional chroot suffix ``/a/b`` isolating this cluster."""
+    election_path: str = "/election"
+    session_timeout_ms: Int = Field(default=10_000, ge=400)
+    connect_timeout_s: Float = Field(default=10.0, gt=0)
+    max_reconnect_delay_s: Float = Field(default=5.0, gt=0, le=60)
+    auth: SecretStr = SecretStr("")
+    """``user:password`` for digest authentication, or empty for none."""
+
+    @field_validator("hosts")
+    @classmethod
+    def _check_hosts(cls, value: str) -> str:
+        servers, slash, chroot = value.partition("/")
+        if not servers.strip():
+            raise ValueError("must name at least one server, e.g. zk1:2181,zk2:2181/allocator")
+        for server in servers.split(","):
+            _check_host_port(server.strip(), min_port=1, port_required=False)
+        if slash:
+            _check_znode_path(slash + chroot, "the chroot")
+        return value
+
+    @field_validator("election_path")
+    @classmethod
+    def _check_election_path(cls, value: str) -> str:
+        _check_znode_path(value, "the path")
+        return value
+
+    @field_validator("auth")
+    @classmethod
+    def _check_auth(cls, value: SecretStr) -> SecretStr:
+        user, colon, password = value.get_secret_value().partition(":")
+        if (user or colon) and not (user and password):
+            raise ValueError("must be user:password (digest) or empty")
+        return value
+
+
+class PostgresConfig(_Section):
+    """``[postgres]``: the database the leader writes blocks to."""
+
+    url: SecretStr = SecretStr(DEFAULT_POSTGRES_URL)
+    pool_min_size: Int = Field(default=1, ge=0)
+    pool_max_size: Int = Field(default=4, ge=1)
+    statement_timeout_ms: Int = Field(default=5000, gt=0)
+    idle_in_transaction_timeout_ms: Int = Field(default=5000, gt=0)
+    connect_timeout_s: Float = Field(default=5.0, gt=0)
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: SecretStr) -> SecretStr:
+        url = value.get_secret_value()
+        scheme = url.partition("://")[0]
+        if scheme not in {"postgresql", "postgres"} or "://" not in url:
+            raise ValueError("must be a postgresql:// or postgres:// URL")
+        try:
+            urlsplit(url).port  # noqa: B018 - parsing the port validates it
+        except ValueError:
+            raise ValueError("has an invalid host or port") from None
+        return value
+
+
+class NodeConfig(_Section):
+    """``[node]``: this process."""
+
+    name: str = ""
+    """1..64 characters of ``[A-Za-z0-9._-]``; empty means ``<hostname>-<pid>``."""
+    admin_address: str = DEFAULT_ADMIN_ADDRESS
+    admin_token: SecretStr = SecretStr("")
+    on_session_loss: Literal["exit", "rejoin"] = "exit"
+    log_format: Literal["text", "json"] = "text"
+    shutdown_timeout_s: Float = Field(default=10.0, gt=0)
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if value and not _NODE_NAME.fullmatch(value):
+            raise ValueError(f"must be 1..{MAX_NODE_NAME_CHARS} characters of A-Z a-z 0-9 . _ -")
+        return value
+
+    @field_validator("admin_address")
+    @classmethod
+    def _check_admin_address(cls, value: str) -> str:
+        _check_host_port(value, min_port=0, port_required=True)
+        return value
+
+    def resolved_name(self) -> str:
+        """``name``, or ``<hostname>-<pid>`` when empty (reads the host name and pid now)."""
+        if self.name:
+            return self.name
+        host = re.sub(r"[^A-Za-z0-9._-]", "-", socket.gethostname()) or "node"
+        suffix = f"-{os.getpid()}"
+        return host[: MAX_NODE_NAME_CHARS - len(suffix)] + suffix
+
+
+class PoolConfig(_Section):
+    """``[pool]``: how many blocks the leader keeps cut ahead, and the jobs around them."""
+
+    min_blocks: Int = Field(default=64, ge=1)
+    runway_s: Float = Field(default=60.0, ge=0)
+    max_blocks: Int = Field(default=100_000, ge=1)
+    low_watermark_blocks: Int = Field(default=16, ge=0)
+    refill_interval_s: Float = Field(default=1.0, gt=0)
+    max_clock_behind_ms: Int = Field(default=1000, ge=0)
+    retention_s: Float = Field(default=86_400.0, gt=0)
+    sample_interval_s: Float = Field(default=5.0, gt=0)
+
+
+SECTIONS: dict[str, type[_Section]] = {
+    "cluster": ClusterConfig,
+    "layout": LayoutConfig,
+    "zookeeper": ZookeeperConfig,
+    "postgres": PostgresConfig,
+    "node": NodeConfig,
+    "pool": PoolConfig,
+}
+KEYS: tuple[str, ...] = tuple(
+    f"{section}.{key}" for section, model in SECTIONS.items() for key in model.model_fields
+)
+_WIDTH_KEYS = tuple(f"layout.{name}" for name in LayoutConfig.model_fields if name.endswith("bits"))
+_LAYOUT_FIELD_KEYS = {"epoch_ms": "layout.epoch"} | {k.split(".")[1]: k for k in _WIDTH_KEYS}
+
+# A cross-field problem: dotted key, message, the key's effective value.
+_Problem = tuple[str, str, object]
+
+
+def _cross_check(
+    sections: Mapping[str, BaseModel], set_keys: Iterable[str] = (), now_ms: int | None = None
+) -> list[_Problem]:
+    """Rules spanning keys; each runs when the sections it needs passed their own checks.
+
+    ``set_keys`` are the keys given by some source (to blame for widths that do not add
+    up); ``now_ms`` enables the check that the epoch is not in the future.
+    """
+    problems: list[_Problem] = []
+    lay, cluster = sections.get("layout"), sections.get("cluster")
+    if isinstance(lay, LayoutConfig):
+        try:
+            built = Config.layout_of(lay)
+            if now_ms is not None:
+                built.check_epoch(now_ms)
+        except LayoutError as exc:
+            if exc.field is None:  # the widths do not add up: blame the ones that were set
+                given = set(set_keys)
+                keys = [key for key in _WIDTH_KEYS if key in given] or list(_WIDTH_KEYS)
+            else:
+                keys = [_LAYOUT_FIELD_KEYS.get(exc.field, f"layout.{exc.field}")]
+            message = str(exc).removeprefix(f"{exc.field}: ")
+            problems += [(key, message, getattr(lay, key.split(".")[1])) for key in keys]
+        block_size, positions = lay.block_size, 1 << lay.sequence_bits
+        if block_size & (block_size - 1):
+            problems.append(("layout.block_size", "must be a power of two", block_size))
+        elif block_size > positions:
+            message = f"must be <= 2^layout.sequence_bits = {positions}"
+            problems.append(("layout.block_size", message, block_size))
+        max_datacenter = (1 << lay.datacenter_bits) - 1
+        if isinstance(cluster, ClusterConfig) and cluster.datacenter_id > max_datacenter:
+            message = f"must be <= {max_datacenter} (2^layout.datacenter_bits - 1)"
+            problems.append(("cluster.datacenter_id", message, cluster.datacenter_id))
+    postgres, pool = sections.get("postgres"), sections.get("pool")
+    if isinstance(postgres, PostgresConfig) and postgres.pool_max_size < postgres.pool_min_size:
+        message = f"must be >= postgres.pool_min_size ({postgres.pool_min_size})"
+        problems.append(("postgres.pool_max_size", message, postgres.pool_max_size))
+    if isinstance(pool, PoolConfig):
+        if pool.max_blocks < pool.min_blocks:
+            message = f"must be >= pool.min_blocks ({pool.min_blocks})"
+            problems.append(("pool.max_blocks", message, pool.max_blocks))
+        if pool.low_watermark_blocks >= pool.min_blocks:
+            message = f"must be < pool.min_blocks ({pool.min_blocks})"
+            problems.append(("pool.low_watermark_blocks", message, pool.low_watermark_blocks))
+    return problems
+
+
+class Config(BaseSettings):
+    """The effective configuration. Build it with :func:`load_config`.
+
+    ``Config()`` alone reads only the process environment (pydantic-settings); the sections
+    are also reachable as attributes: ``config.pool.min_blocks``. The ``[layout]`` section is
+    ``layout_section``, because :attr:`layout` is the validated :class:`~allocator.layout.Layout`.
+    """
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_prefix_target="all",  # the prefix applies to the "layout" alias too
+        env_nested_delimiter="_",
+        env_nested_max_split=1,  # ALLOCATOR_POOL_MIN_BLOCKS -> pool / min_blocks
+        extra="forbid",
+        frozen=True,
+    )
+
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    layout_section: LayoutConfig = Field(default_factory=LayoutConfig, alias="layout")
+    zookeeper: ZookeeperConfig = Field(default_factory=ZookeeperConfig)
+    postgres: PostgresConfig = Field(default_factory=PostgresConfig)
+    node: NodeConfig = Field(default_factory=NodeConfig)
+    pool: PoolConfig = Field(default_factory=PoolConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        problems = _cross_check(self.sections())
+        if problems:
+            raise ValueError("; ".join(f"{key}: {message}" for key, message, _ in problems))
+        return self
+
+    @staticmethod
+    def layout_of(section: LayoutConfig) -> layout_mod.Layout:
+        return layout_mod.Layout(
+            epoch_ms=section.epoch,
+            timestamp_bits=section.timestamp_bits,
+            datacenter_bits=section.datacenter_bits,
+            lane_bits=section.lane_bits,
+            sequence_bits=section.sequence_bits,
+        )
+
+    @property
+    def layout(self) -> layout_mod.Layout:
+        """The Snowflake layout of ``[layout]``."""
+        return self.layout_of(self.layout_section)
+
+    def sections(self) -> dict[str, _Section]:
+        """Each section by its name in the file."""
+        return {
+            name: getattr(self, "layout_section" if name == "layout" else name) for name in SECTIONS
+        }
+
+    def masked_dict(self) -> dict[str, dict[str, object]]:
+        """The effective config by section; secrets masked, the epoch as ISO-8601 UTC."""
+        result: dict[str, dict[str, object]] = {}
+        for name, section in self.sections().items():
+            values: dict[str, object] = {}
+            for key in type(section).model_fields:
+                value: object = getattr(section, key)
+                if isinstance(value, SecretStr):
+                    secret = value.get_secret_value()
+                    value = mask_url(secret) if name == "postgres" else (MASK if secret else "")
+                elif (name, key) == ("layout", "epoch"):
+                    value = layout_mod.format_utc_ms(self.layout_section.epoch)
+                values[key] = value
+            result[name] = values
+        return result
+
+
+class _EnvSource(EnvSettingsSource):
+    """pydantic-settings' environment source over a given mapping instead of ``os.environ``."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self._env = env
+        super().__init__(Config)
+
+    def _load_env_vars(self) -> Mapping[str, str | None]:
+        return parse_env_vars(
+            self._env, self.case_sensitive, self.env_ignore_empty, self.env_parse_none_str
+        )
+
+
+def env_name(key: str) -> str:
+    """The variable of a dotted key: ``pool.min_blocks`` is ``ALLOCATOR_POOL_MIN_BLOCKS``."""
+    return ENV_PREFIX + key.replace(".", "_").upper()
+
+
+def _read_file(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as file:
+            return tomllib.load(file)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path} is not valid TOML") from exc
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}") from exc
+
+
+def _flatten(nested: Mapping[str, Any]) -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for section, body in nested.items():
+        if isinstance(body, Mapping):
+            flat.update({f"{section}.{key}": value for key, value in body.items()})
+        else:
+            flat[str(section)] = body
+    return flat
+
+
+_MESSAGES = {
+    "greater_than_equal": "must be >= {ge}",
+    "greater_than": "must be > {gt}",
+    "less_than_equal": "must be <= {le}",
+    "less_than": "must be < {lt}",
+    "literal_error": "must be one of {expected}",
+    "int_parsing": "must be an integer",
+    "int_type": "must be an integer",
+    "int_from_float": "must be a whole number",
+    "float_parsing": "must be a number",
+    "float_type": "must be a number",
+    "finite_number": "must be a finite number",
+    "string_type": "must be a string",
+    "extra_forbidden": "unknown key",
+}
+
+
+def _message(error: ErrorDetails) -> str:
+    ctx = error.get("ctx", {})
+    if error["type"] == "value_error":
+        return str(ctx["error"])
+    template = _MESSAGES.get(error["type"])
+    return template.format(**ctx) if template else error["msg"]
+
+
+def _show(key: str, value: object) -> str:
+    """A bad value for an error line; secrets stay hidden."""
+    if key in SECRET_KEYS:
+        return mask_url(value) if key == "postgres.url" and isinstance(value, str) else MASK
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, str) and not _NUMBER.fullmatch(value):
+        return repr(value)
+    return str(value)
+
+
+def _unknown_key(key: str) -> str:
+    if key in SECTIONS:
+        return f"{key}: must be a table of keys, like [{key}]"
+    close = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.75)
+    return f"{key}: unknown key" + (f"; did you mean {close[0]}?" if close else "")
+
+
+def load_config(
+    path: Path | None = None,
+    overrides: Mapping[str, object] | None = None,
+    env: Mapping[str, str] | None = None,
+    *,
+    now_ms: int | None = None,
+) -> Config:
+    """Load, merge and validate: defaults < file < ``ALLOCATOR_*`` variables < ``overrides``.
+
+    ``path`` defaults to ``$ALLOCATOR_CONFIG``; when neither is set no file is read.
+    ``overrides`` maps dotted keys (``"zookeeper.hosts"``) to values, text or typed.
+    ``env`` defaults to ``os.environ``; ``now_ms`` (for the epoch check) to the clock.
+    Raises :class:`InvalidConfigError` listing every problem, or :class:`ConfigError` when
+    the file cannot be read.
+    """
+    env = os.environ if env is None else env
+    if path is None and env.get(CONFIG_PATH_ENV):
+        path = Path(env[CONFIG_PATH_ENV])
+    layers: list[tuple[Mapping[str, Any], Callable[[str], str]]] = []
+    if path is not None:
+        layers.append((_flatten(_read_file(path)), lambda key: f"from {path}"))
+    try:
+        layers.append((_flatten(_EnvSource(env)()), lambda key: f"from {env_name(key)}"))
+    except SettingsError as exc:
+        raise ConfigError(f"cannot read the {ENV_PREFIX}* environment variables") from exc
+    layers.append(
+        ({str(k): v for k, v in (overrides or {}).items()}, lambda key: "from the command line")
+    )
+
+    values: dict[str, Any] = {}
+    origin: dict[str, str] = {}
+    for flat, label in layers:
+        for key, value in flat.items():
+            values[key], origin[key] = value, label(key)
+
+    problems: list[str] = []
+    for key in [key for key in values if key not in KEYS]:
+        problems.append(f"{_unknown_key(key)} ({origin[key]})")
+        del values[key]
+
+    def line(key: str, message: str, value: object) -> str:
+        shown = _show(key, values.get(key, value))
+        return f"{key}: {message} (got {shown}, {origin.get(key, 'default')})"
+
+    sections: dict[str, _Section] = {}
+    for name, model in SECTIONS.items():
+        prefix = f"{name}."
+        body = {
+            key[len(prefix) :]: value for key, value in values.items() if key.startswith(prefix)
+        }
+        try:
+            sections[name] = model.model_validate(body)
+        except ValidationError as exc:
+            for error in exc.errors():
+                key = ".".join([name, *(str(part) for part in error["loc"])])
+                problems.append(line(key, _message(error), error["input"]))
+    now_ms = time.time_ns() // 1_000_000 if now_ms is None else now_ms
+    for key, message, value in _cross_check(sections, set_keys=origin, now_ms=now_ms):
+        problems.append(line(key, message, value))
+    if problems:
+        raise InvalidConfigError(problems)
+    return Config.model_validate(sections)
+
+
+def parse_set_pairs(pairs: Iterable[str]) -> dict[str, str]:
+    """``--set section.key=value`` flags as overrides for :func:`load_config`; last one wins."""
+    overrides: dict[str, str] = {}
+    for pair in pairs:
+        key, equals, value = pair.partition("=")
+        key = key.strip()
+        if not equals or not re.fullmatch(r"[A-Za-z0-9_]+\.[A-Za-z0-9_]+", key):
+            raise UsageError(
+                f"--set {pair!r}: expected SECTION.KEY=VALUE, e.g. pool.min_blocks=128"
+            )
+        overrides[key.lower()] = value
+    return overrides
+
+
+_CommandT = TypeVar("_CommandT", bound=Callable[..., Any])
+
+
+def config_option(func: _CommandT) -> _CommandT:
+    """``--config PATH`` (also ``ALLOCATOR_CONFIG``) as the ``config_path`` parameter."""
+    option = click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar=CONFIG_PATH_ENV,
+        show_envvar=True,
+        help="TOML config file (optional); ALLOCATOR_* variables and flags win over it.",
+    )
+    return option(func)
+
+
+def set_option(func: _CommandT) -> _CommandT:
+    """Repeatable ``--set SECTION.KEY=VALUE`` as the ``set_pairs`` parameter."""
+    option = click.option(
+        "--set",
+        "set_pairs",
+        multiple=True,
+        metavar="SECTION.KEY=VALUE",
+        help="Override one config key; wins over the file and ALLOCATOR_* variables. Repeatable.",
+    )
+    return option(func)
+
+
+def config_options(func: _CommandT) -> _CommandT:
+    """Both :func:`config_option` and :func:`set_option`."""
+    return config_option(set_option(func))
+
+
+def load_from_options(
+    config_path: Path | None,
+    set_pairs: Iterable[str] = (),
+    flags: Mapping[str, object] | None = None,
+) -> Config:
+    """:func:`load_config` from the shared options; ``flags`` (dedicated options) beat ``--set``."""
+    return load_config(config_path, {**parse_set_pairs(set_pairs), **(flags or {})})

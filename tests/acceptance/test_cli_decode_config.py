@@ -1,0 +1,190 @@
+"""``allocator decode`` and ``allocator config check`` run as a user runs them: a subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from allocator.layout import MAX_ID, Layout
+
+SAMPLE_ID = 1_234_567_890_123_456_789
+EX_USAGE, EX_CONFIG = 2, 78
+
+
+def run(
+    *args: str, env: dict[str, str] | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """The CLI with a clean environment: no ALLOCATOR_* variable leaks in from the caller."""
+    base = {key: value for key, value in os.environ.items() if not key.startswith("ALLOCATOR_")}
+    return subprocess.run(
+        [sys.executable, "-m", "allocator.cli", *args],
+        env={**base, **(env or {})},
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def test_decode_human() -> None:
+    result = run("decode", str(SAMPLE_ID))
+    assert result.returncode == 0, result.stderr
+    expected = Layout().decode(SAMPLE_ID)
+    lines = dict(line.split(None, 1) for line in result.stdout.splitlines())
+    assert lines["id"] == str(SAMPLE_ID)
+    assert lines["timestamp"].startswith("2029-04-29T18:12:02.167Z")
+    assert (lines["datacenter"], lines["lane"], lines["sequence"]) == (
+        str(expected.datacenter),
+        str(expected.lane),
+        str(expected.sequence),
+    )
+
+
+def test_decode_json() -> None:
+    result = run("decode", "--json", str(MAX_ID))
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "id": MAX_ID,
+        "timestamp_ms": 3_776_860_055_551,
+        "time": "2089-09-06T15:47:35.551Z",
+        "datacenter": 31,
+        "lane": 31,
+        "sequence": 4095,
+    }
+
+
+def test_decode_uses_configured_layout(tmp_path: Path) -> None:
+    path = tmp_path / "allocator.toml"
+    path.write_text("[layout]\ndatacenter_bits = 0\nlane_bits = 10\n")
+    result = run("decode", "--json", str(SAMPLE_ID), env={"ALLOCATOR_CONFIG": str(path)})
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["lane"] == (SAMPLE_ID >> 12) & 1023
+    result = run(
+        "decode",
+        "--json",
+        str(SAMPLE_ID),
+        "--config",
+        str(path),
+        "--set",
+        "layout.lane_bits=9",
+        "--set",
+        "layout.datacenter_bits=1",
+    )
+    assert json.loads(result.stdout)["lane"] == (SAMPLE_ID >> 12) & 511
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["abc"], "error: not an integer: 'abc'"),
+        (["-5"], "error: negative: -5; Snowflake IDs are non-negative"),
+        (["--", "-5"], "error: negative: -5; Snowflake IDs are non-negative"),
+        (["--json", "-5"], "error: negative: -5; Snowflake IDs are non-negative"),
+        (
+            [str(MAX_ID + 1)],
+            f"error: too large: {MAX_ID + 1} exceeds 2^63-1 ({MAX_ID})",
+        ),
+    ],
+)
+def test_decode_bad_ids(args: list[str], message: str) -> None:
+    result = run("decode", *args)
+    assert result.returncode == EX_USAGE
+    assert result.stderr == message + "\n"
+    assert result.stdout == ""
+
+
+def test_config_check_valid() -> None:
+    result = run("config", "check")
+    assert result.returncode == 0, result.stderr
+    assert "[pool]\nmin_blocks = 64\n" in result.stdout
+    assert "time bits run out on 2089-09-06T15:47:35.551Z" in result.stdout
+
+
+def test_config_check_json(tmp_path: Path) -> None:
+    path = tmp_path / "allocator.toml"
+    path.write_text('[zookeeper]\nhosts = "zk1:2181,zk2:2181/allocator/eu1"\n')
+    result = run("config", "check", "--json", "--config", str(path), "--set", "pool.min_blocks=128")
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["layout_ends_at"] == "2089-09-06T15:47:35.551Z"
+    assert document["config"]["zookeeper"]["hosts"] == "zk1:2181,zk2:2181/allocator/eu1"
+    assert document["config"]["pool"]["min_blocks"] == 128
+
+
+def test_config_check_masks_secrets() -> None:
+    env = {
+        "ALLOCATOR_POSTGRES_URL": "postgresql://node:hunter2@db:5432/ids",
+        "ALLOCATOR_NODE_ADMIN_TOKEN": "token-42",
+        "ALLOCATOR_ZOOKEEPER_AUTH": "zk:zkpass",
+    }
+    for args in (["config", "check"], ["config", "check", "--json"]):
+        result = run(*args, env=env)
+        assert result.returncode == 0, result.stderr
+        for secret in ("hunter2", "token-42", "zkpass"):
+            assert secret not in result.stdout
+        assert "postgresql://node:***@db:5432/ids" in result.stdout
+    document = json.loads(result.stdout)["config"]
+    assert document["node"]["admin_token"] == document["zookeeper"]["auth"] == "***"
+
+
+def test_config_check_invalid_names_every_key(tmp_path: Path) -> None:
+    path = tmp_path / "allocator.toml"
+    path.write_text("[layout]\nblock_size = 3\n[pool]\nbogus = 1\n")
+    result = run(
+        "config",
+        "check",
+        "--config",
+        str(path),
+        "--set",
+        "node.on_session_loss=restart",
+        env={"ALLOCATOR_POOL_MIN_BLOCKS": "0", "ALLOCATOR_POSTGRES_URL": "mysql://u:hunter2@h/db"},
+    )
+    assert result.returncode == EX_CONFIG
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert lines[0] == "error: invalid configuration (5 problems):"
+    assert len(lines) == 6
+    for expected in (
+        f"pool.bogus: unknown key (from {path})",
+        f"layout.block_size: must be a power of two (got 3, from {path})",
+        "pool.min_blocks: must be >= 1 (got 0, from ALLOCATOR_POOL_MIN_BLOCKS)",
+        "node.on_session_loss: must be one of 'exit' or 'rejoin' (got 'restart', from the command",
+        "postgres.url: must be a postgresql:// or postgres:// URL",
+    ):
+        assert expected in result.stderr
+    assert "hunter2" not in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_config_check_invalid_json() -> None:
+    result = run("config", "check", "--json", env={"ALLOCATOR_POOL_MIN_BLOCKS": "0"})
+    assert result.returncode == EX_CONFIG
+    problem = "pool.min_blocks: must be >= 1 (got 0, from ALLOCATOR_POOL_MIN_BLOCKS)"
+    assert json.loads(result.stdout) == {"valid": False, "errors": [problem]}
+    assert result.stderr == f"error: invalid configuration (1 problem):\n  {problem}\n"
+
+
+def test_other_commands_show_config_problems_on_one_line() -> None:
+    env = {"ALLOCATOR_POOL_MIN_BLOCKS": "0", "ALLOCATOR_NODE_LOG_FORMAT": "xml"}
+    result = run("decode", "1", env=env)
+    assert result.returncode == EX_CONFIG
+    assert result.stderr.startswith("error: invalid configuration (2 problems): node.log_format")
+    assert result.stderr.count("\n") == 1
+
+
+def test_config_check_missing_file(tmp_path: Path) -> None:
+    result = run("config", "check", "--config", str(tmp_path / "nope.toml"))
+    assert result.returncode == EX_CONFIG
+    assert result.stderr == f"error: config file not found: {tmp_path / 'nope.toml'}\n"
+
+
+def test_bad_set_syntax_is_a_usage_error() -> None:
+    result = run("config", "check", "--set", "pool.min_blocks")
+    assert result.returncode == EX_USAGE
+    assert "expected SECTION.KEY=VALUE" in result.stderr
