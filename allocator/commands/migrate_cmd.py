@@ -1,0 +1,64 @@
+"""``allocator migrate``: bring the database schema to the newest revision.
+
+Rules: the database URL is the config's ``postgres.url`` (file, ``ALLOCATOR_POSTGRES_URL``,
+``--set``), or ``--database-url``, which wins; it must be a role allowed to create the schema
+and roles (the schema owner, not ``allocator_node``). Upgrading is idempotent. Going down to
+``base`` drops every block and the fence, so it needs ``--yes``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from allocator import config as config_mod
+from allocator import migrate
+from allocator.errors import UsageError
+
+
+@click.command("migrate")
+@click.option(
+    "--database-url",
+    envvar=None,
+    help="PostgreSQL URL of the schema owner (overrides postgres.url).",
+)
+@click.option(
+    "--to",
+    "target",
+    type=click.Choice(["head", "base"]),
+    default="head",
+    help="head: newest schema; base: remove the allocator schema (needs --yes).",
+)
+@click.option("--yes", is_flag=True, help="Confirm a downgrade to base.")
+@click.option("--check", is_flag=True, help="Only report; exit 1 when the schema is behind.")
+@config_mod.config_options
+def migrate_command(
+    database_url: str | None,
+    target: str,
+    yes: bool,
+    check: bool,
+    config_path: Path | None,
+    set_pairs: tuple[str, ...],
+) -> None:
+    """Apply the schema migrations (default: upgrade to the newest revision)."""
+    flags = {"postgres.url": database_url} if database_url else {}
+    url = config_mod.load_from_options(config_path, set_pairs, flags).postgres.url
+    url_text = url.get_secret_value()
+    head = migrate.head_revision()
+    if check:
+        current = migrate.current_revision(url_text)
+        click.echo(f"schema revision: {current or 'none'} (newest: {head})")
+        raise SystemExit(0 if current == head else 1)
+    if target == "base":
+        if not yes:
+            raise UsageError("--to base drops every block and the fence; add --yes to confirm")
+        migrate.downgrade_to_base(url_text)
+        click.echo("allocator schema removed")
+        return
+    before = migrate.current_revision(url_text)
+    migrate.upgrade_to_head(url_text)
+    if before == head:
+        click.echo(f"schema already at revision {head}")
+    else:
+        click.echo(f"schema upgraded from {before or 'nothing'} to revision {head}")

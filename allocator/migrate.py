@@ -1,0 +1,103 @@
+"""Schema migrations: Alembic driven from code, PL/pgSQL kept in ``migrations/sql``.
+
+Rules: ``upgrade_to_head`` / ``downgrade_to_base`` are the only entry points the rest of the
+project uses (``allocator migrate``, the local cluster manager, test fixtures). Versions run
+their SQL through :func:`run_sql_file`, which hands a whole file to the driver without bind
+parameter parsing (PL/pgSQL uses ``:=`` and ``%``). Database URLs are plain libpq-style
+``postgresql://`` URLs everywhere in the project; the SQLAlchemy dialect is added here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config as AlembicConfig
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, pool
+from sqlalchemy.exc import DBAPIError, SQLAlchemyError
+
+from allocator.errors import AllocatorError
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+SQL_DIR = MIGRATIONS_DIR / "sql"
+
+
+class MigrationError(AllocatorError):
+    """A migration could not be applied (the database says why)."""
+
+
+def sqlalchemy_url(url: str) -> str:
+    """``postgresql://…`` → ``postgresql+psycopg://…`` (psycopg 3 driver)."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    raise MigrationError(f"not a PostgreSQL URL: {url.split('@')[-1]!r}")
+
+
+def _alembic_config(url: str) -> AlembicConfig:
+    if not (MIGRATIONS_DIR / "env.py").is_file():
+        raise MigrationError(f"migrations folder not found at {MIGRATIONS_DIR}")
+    config = AlembicConfig()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    # ConfigParser interpolation: a literal % in a URL (encoded password) must be doubled.
+    config.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
+    return config
+
+
+def upgrade_to_head(url: str) -> None:
+    """Bring the database at ``url`` to the newest schema (idempotent)."""
+    _run(lambda: command.upgrade(_alembic_config(url), "head"), "upgrade")
+
+
+def downgrade_to_base(url: str) -> None:
+    """Remove the whole allocator schema (roles are kept while other databases use them)."""
+    _run(lambda: command.downgrade(_alembic_config(url), "base"), "downgrade")
+
+
+def current_revision(url: str) -> str | None:
+    """The revision the database is at, or None when it was never migrated."""
+    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            return MigrationContext.configure(connection).get_current_revision()
+    except SQLAlchemyError as exc:
+        raise MigrationError("cannot read the schema version") from _driver_error(exc)
+    finally:
+        engine.dispose()
+
+
+def head_revision() -> str:
+    """The newest revision the code knows."""
+    script = ScriptDirectory(str(MIGRATIONS_DIR))
+    head = script.get_current_head()
+    if head is None:
+        raise MigrationError("no migrations found")
+    return head
+
+
+def run_sql_file(relative_path: str) -> None:
+    """Execute ``migrations/sql/<relative_path>`` inside the running migration's transaction."""
+    from alembic import op
+
+    sql = (SQL_DIR / relative_path).read_text(encoding="utf-8")
+    driver_connection = op.get_bind().connection.driver_connection
+    if driver_connection is None:
+        raise MigrationError("the migration has no open database connection")
+    driver_connection.execute(sql)  # no parameters: psycopg sends the file as one query
+
+
+def _run(action: Callable[[], None], what: str) -> None:
+    try:
+        action()
+    except SQLAlchemyError as exc:
+        raise MigrationError(f"schema {what} failed") from _driver_error(exc)
+
+
+def _driver_error(exc: SQLAlchemyError) -> BaseException:
+    """The psycopg error under SQLAlchemy's wrapper, whose message is the useful one."""
+    if isinstance(exc, DBAPIError) and isinstance(exc.orig, BaseException):
+        return exc.orig
+    return exc

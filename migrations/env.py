@@ -1,0 +1,29 @@
+"""Alembic environment for the allocator schema.
+
+Rules: the database URL comes from the Alembic config (set by ``allocator.migrate``), never
+from a file in the repository; migrations run online only, one transaction per run
+(PostgreSQL DDL is transactional, so a failed upgrade leaves nothing half-done). The version
+table lives in the ``public`` schema so that dropping ``allocator`` on downgrade is clean.
+"""
+
+from __future__ import annotations
+
+from alembic import context
+from sqlalchemy import create_engine, pool
+
+
+def run_migrations_online() -> None:
+    url = context.config.get_main_option("sqlalchemy.url")
+    if not url:
+        raise RuntimeError("no database URL given to the allocator migrations")
+    engine = create_engine(url, poolclass=pool.NullPool)
+    with engine.connect() as connection:
+        context.configure(connection=connection, transaction_per_migration=False)
+        with context.begin_transaction():
+            context.run_migrations()
+    engine.dispose()
+
+
+if context.is_offline_mode():
+    raise RuntimeError("offline (SQL script) mode is not supported; run `allocator migrate`")
+run_migrations_online()

@@ -1,0 +1,286 @@
+-- allocator schema 0001: functions. Every function is SECURITY DEFINER with a pinned
+-- search_path; EXECUTE is revoked from PUBLIC in roles.sql and granted per role.
+--
+-- Own SQLSTATEs (class AL; stable, documented in docs/sql.md):
+--   AL001 invalid consumer (NULL, empty, longer than 128 characters, control characters)
+--   AL002 invalid block count (NULL, < 1, > 1000)
+--   AL003 pool empty: no block available right now (retry after the leader refills)
+--   AL100 fenced: the write's epoch is not the current fence epoch (stale leader)
+--   AL101 stale takeover: the fence already holds an epoch >= the one offered
+--   AL102 not after the high-water mark (I2: blocks must follow every block ever cut)
+--   AL103 invalid block batch (shape: empty, arrays of different length, last < first,
+--         out of order or overlapping within the batch)
+
+CREATE FUNCTION allocator.claim_blocks(consumer text, n integer DEFAULT 1)
+RETURNS TABLE (block_id bigint, first_id bigint, last_id bigint)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    tickets   bigint[];
+    claimed   integer;
+    more      integer;
+    top_tk    bigint;
+    floor_tk  bigint;
+BEGIN
+    IF consumer IS NULL OR length(btrim(consumer)) = 0 THEN
+        RAISE EXCEPTION 'consumer must be a non-empty name'
+            USING ERRCODE = 'AL001', HINT = 'pass the application''s name, e.g. ''orders-api''';
+    END IF;
+    IF length(consumer) > 128 THEN
+        RAISE EXCEPTION 'consumer name is % characters long; the maximum is 128', length(consumer)
+            USING ERRCODE = 'AL001';
+    END IF;
+    IF consumer ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'consumer name contains control characters' USING ERRCODE = 'AL001';
+    END IF;
+    IF n IS NULL OR n < 1 OR n > 1000 THEN
+        RAISE EXCEPTION 'block count must be between 1 and 1000, got %', coalesce(n::text, 'NULL')
+            USING ERRCODE = 'AL002';
+    END IF;
+
+    -- I4: the claim is durable whatever the caller's session says; local to this transaction.
+    PERFORM set_config('synchronous_commit', 'on', true);
+
+    -- Fast path: draw n tickets and claim the blocks that carry them, by unique index.
+    -- n = 1 (the common call) avoids the array machinery: about twice the throughput.
+    IF n = 1 THEN
+        top_tk := nextval('allocator.claim_ticket');
+        RETURN QUERY
+        UPDATE allocator.blocks b
+           SET claimed_by = consumer, claimed_at = statement_timestamp()
+         WHERE b.ticket = top_tk AND b.claimed_at IS NULL
+        RETURNING b.block_id, b.first_id, b.last_id;
+    ELSE
+        SELECT array_agg(nextval('allocator.claim_ticket')) INTO tickets
+          FROM generate_series(1, n);
+        SELECT max(t) INTO top_tk FROM unnest(tickets) AS t;
+        RETURN QUERY
+        WITH won AS (
+            UPDATE allocator.blocks b
+               SET claimed_by = consumer, claimed_at = statement_timestamp()
+             WHERE b.ticket = ANY (tickets) AND b.claimed_at IS NULL
+            RETURNING b.block_id, b.first_id, b.last_id
+        )
+        SELECT w.block_id, w.first_id, w.last_id FROM won w ORDER BY w.first_id;
+    END IF;
+    GET DIAGNOSTICS claimed = ROW_COUNT;
+
+    IF claimed < n THEN
+        -- Slow path: a ticket found no block (pool empty, a block still being cut, or moved
+        -- by requeue_stranded). Take the oldest blocks whose tickets were already drawn but
+        -- that nobody holds: those stranded by rolled-back claims. Bounded below by
+        -- requeued_upto, above by our own highest ticket, so it never takes a block whose
+        -- ticket is still to be drawn by someone else, and it never waits (SKIP LOCKED).
+        SELECT h.requeued_upto INTO floor_tk FROM allocator.high_water h;
+        RETURN QUERY
+        WITH stranded AS (
+            SELECT b.block_id
+              FROM allocator.blocks b
+             WHERE b.ticket > floor_tk
+               AND b.ticket <= top_tk
+               AND b.claimed_at IS NULL
+             ORDER BY b.ticket
+             LIMIT n - claimed
+               FOR UPDATE SKIP LOCKED
+        ), won AS (
+            UPDATE allocator.blocks b
+               SET claimed_by = consumer, claimed_at = statement_timestamp()
+              FROM stranded s
+             WHERE b.block_id = s.block_id
+            RETURNING b.block_id, b.first_id, b.last_id
+        )
+        SELECT w.block_id, w.first_id, w.last_id FROM won w ORDER BY w.first_id;
+        GET DIAGNOSTICS more = ROW_COUNT;
+        claimed := claimed + more;
+    END IF;
+
+    IF claimed = 0 THEN
+        RAISE EXCEPTION 'pool empty: no ID block is available'
+            USING ERRCODE = 'AL003',
+                  HINT = 'the leader refills the pool; retry with backoff, and check allocator.pool_status';
+    END IF;
+END
+$fn$;
+
+COMMENT ON FUNCTION allocator.claim_blocks(text, integer) IS
+    'Claim up to n (1..1000) ID blocks for consumer. Returns the blocks claimed (fewer than n '
+    'only when the pool runs short); raises AL003 when none is available. Durable on return.';
+
+
+-- Takeover by a newly elected leader. Moves the fence forward only; records the term.
+CREATE FUNCTION allocator.take_fence(p_epoch bigint, p_holder text, p_host text, p_pid integer)
+RETURNS TABLE (high_water_id bigint, previous_epoch bigint)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    prev bigint;
+BEGIN
+    IF p_epoch IS NULL OR p_epoch <= 0 OR p_holder IS NULL OR length(p_holder) = 0 THEN
+        RAISE EXCEPTION 'take_fence needs a positive epoch and a holder name' USING ERRCODE = 'AL103';
+    END IF;
+    SELECT f.epoch INTO prev FROM allocator.fence f;
+    UPDATE allocator.fence f
+       SET epoch = p_epoch, holder = p_holder, host = p_host, pid = p_pid,
+           taken_at = statement_timestamp()
+     WHERE f.epoch < p_epoch;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'stale takeover: epoch % is not newer than the fence', p_epoch
+            USING ERRCODE = 'AL101';
+    END IF;
+    UPDATE allocator.leader_terms t
+       SET ended_at = statement_timestamp(), end_reason = 'superseded'
+     WHERE t.ended_at IS NULL;
+    INSERT INTO allocator.leader_terms (epoch, holder, host, pid)
+    VALUES (p_epoch, p_holder, p_host, p_pid);
+    RETURN QUERY SELECT h.last_id, prev FROM allocator.high_water h;
+END
+$fn$;
+
+
+-- Ends the caller's own term (graceful step-down, shutdown). A no-op for a stale epoch.
+CREATE FUNCTION allocator.end_term(p_epoch bigint, p_reason text)
+RETURNS boolean
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    UPDATE allocator.leader_terms t
+       SET ended_at = statement_timestamp(), end_reason = coalesce(nullif(p_reason, ''), 'ended')
+     WHERE t.epoch = p_epoch AND t.ended_at IS NULL
+    RETURNING true;
+$fn$;
+
+
+-- Every block write: fenced on the exact epoch, monotonic against the high-water mark,
+-- one INSERT for the whole batch, mark advanced in the same transaction.
+CREATE FUNCTION allocator.cut_blocks(p_epoch bigint, p_first_ids bigint[], p_last_ids bigint[])
+RETURNS TABLE (high_water_id bigint, last_ticket bigint)
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    n           integer := coalesce(cardinality(p_first_ids), 0);
+    mark        allocator.high_water%ROWTYPE;
+    position    bigint;
+    first_tk    bigint;
+BEGIN
+    -- FOR SHARE conflicts with take_fence's UPDATE: a takeover waits for this write, and this
+    -- write cannot start once a newer epoch is committed.
+    PERFORM 1 FROM allocator.fence f WHERE f.epoch = p_epoch FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'fenced: epoch % does not hold the fence', p_epoch
+            USING ERRCODE = 'AL100', HINT = 'this node is no longer leader; it must stop writing';
+    END IF;
+    IF n = 0 OR n <> coalesce(cardinality(p_last_ids), 0) THEN
+        RAISE EXCEPTION 'block batch must be two non-empty arrays of equal length' USING ERRCODE = 'AL103';
+    END IF;
+    IF EXISTS (
+        SELECT 1
+          FROM (SELECT f, l, lag(l) OVER (ORDER BY o) AS prev_l
+                  FROM unnest(p_first_ids, p_last_ids) WITH ORDINALITY AS u(f, l, o)) x
+         WHERE x.f IS NULL OR x.l IS NULL OR x.l < x.f OR x.f <= x.prev_l
+    ) THEN
+        RAISE EXCEPTION 'block batch must be ascending, non-overlapping ranges with last >= first'
+            USING ERRCODE = 'AL103';
+    END IF;
+
+    SELECT * INTO mark FROM allocator.high_water FOR UPDATE;
+    IF p_first_ids[1] <= mark.last_id THEN
+        RAISE EXCEPTION 'block % starts at or behind the high-water mark %', p_first_ids[1], mark.last_id
+            USING ERRCODE = 'AL102';
+    END IF;
+
+    -- Tickets continue after every ticket already drawn, so a claim that drew a ticket too
+    -- early (empty pool) never leaves a new block behind it.
+    SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END INTO position
+      FROM allocator.claim_ticket s;
+    first_tk := greatest(mark.last_ticket, position) + 1;
+
+    INSERT INTO allocator.blocks (ticket, first_id, last_id, epoch)
+    SELECT first_tk + u.o - 1, u.f, u.l, p_epoch
+      FROM unnest(p_first_ids, p_last_ids) WITH ORDINALITY AS u(f, l, o);
+
+    UPDATE allocator.high_water h
+       SET last_id = p_last_ids[n], last_ticket = first_tk + n - 1, updated_at = statement_timestamp();
+    RETURN QUERY SELECT p_last_ids[n], first_tk + n - 1;
+END
+$fn$;
+
+
+-- Puts blocks stranded below the ticket position (their claim rolled back, or they were cut
+-- while a claim drew their ticket) back at the end of the queue with fresh tickets. Leader
+-- only, fenced like cut_blocks. Only considers tickets drawn before the previous run, so a
+-- claim still in flight normally finds its block; if not, its slow path takes another.
+-- Rows locked by in-flight claims are left alone, and the floor (requeued_upto) stops below
+-- the lowest of them, so a claim that rolls back later is found by a later run.
+CREATE FUNCTION allocator.requeue_stranded(p_epoch bigint)
+RETURNS integer
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+DECLARE
+    mark        allocator.high_water%ROWTYPE;
+    position    bigint;
+    first_tk    bigint;
+    movable     bigint[];
+    busy_tk     bigint;
+    moved       integer;
+BEGIN
+    PERFORM 1 FROM allocator.fence f WHERE f.epoch = p_epoch FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'fenced: epoch % does not hold the fence', p_epoch
+            USING ERRCODE = 'AL100', HINT = 'this node is no longer leader; it must stop writing';
+    END IF;
+    SELECT * INTO mark FROM allocator.high_water FOR UPDATE;
+    SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END INTO position
+      FROM allocator.claim_ticket s;
+
+    movable := ARRAY(
+        SELECT b.block_id
+          FROM allocator.blocks b
+         WHERE b.ticket > mark.requeued_upto AND b.ticket <= mark.requeue_mark
+           AND b.claimed_at IS NULL
+         ORDER BY b.ticket
+           FOR UPDATE SKIP LOCKED);
+    SELECT min(b.ticket) INTO busy_tk
+      FROM allocator.blocks b
+     WHERE b.ticket > mark.requeued_upto AND b.ticket <= mark.requeue_mark
+       AND b.claimed_at IS NULL
+       AND b.block_id <> ALL (movable);
+
+    first_tk := greatest(mark.last_ticket, position) + 1;
+    UPDATE allocator.blocks b
+       SET ticket = first_tk + c.k - 1
+      FROM unnest(movable) WITH ORDINALITY AS c(block_id, k)
+     WHERE b.block_id = c.block_id;
+    GET DIAGNOSTICS moved = ROW_COUNT;
+
+    UPDATE allocator.high_water h
+       SET last_ticket = CASE WHEN moved > 0 THEN first_tk + moved - 1 ELSE h.last_ticket END,
+           requeued_upto = coalesce(busy_tk - 1, mark.requeue_mark),
+           requeue_mark = position,
+           updated_at = statement_timestamp();
+    RETURN moved;
+END
+$fn$;
+
+
+-- One sample of the ticket positions for the claim rate; keeps one hour of samples.
+CREATE FUNCTION allocator.record_pool_sample()
+RETURNS void
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    INSERT INTO allocator.pool_samples (claim_position, cut_position)
+    SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END, h.last_ticket
+      FROM allocator.claim_ticket s, allocator.high_water h
+    ON CONFLICT (sampled_at) DO NOTHING;
+    DELETE FROM allocator.pool_samples WHERE sampled_at < clock_timestamp() - interval '1 hour';
+$fn$;

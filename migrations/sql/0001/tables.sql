@@ -1,0 +1,121 @@
+-- allocator schema 0001: tables, sequence and views.
+-- Executed by migrations/versions/0001_initial_schema.py; see its docstring for the design.
+
+CREATE SCHEMA allocator;
+COMMENT ON SCHEMA allocator IS 'Snowflake ID block allocator (see DESIGN.md section 6)';
+
+-- The fence: one row. epoch = czxid of the current leader's election znode.
+CREATE TABLE allocator.fence (
+    singleton  boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    epoch      bigint NOT NULL DEFAULT 0 CHECK (epoch >= 0),
+    holder     text,
+    host       text,
+    pid        integer,
+    taken_at   timestamptz
+);
+INSERT INTO allocator.fence DEFAULT VALUES;
+
+-- The high-water mark: one row, advanced by every cut, never moved back.
+--   last_id      last Snowflake ID ever cut (inclusive); -1 before the first cut
+--   last_ticket  highest claim ticket ever assigned to a block
+--   requeued_upto every block with a ticket <= this is claimed, or is being claimed by a
+--                transaction holding its row lock (maintained by requeue_stranded)
+--   requeue_mark claim-ticket position seen by the previous requeue_stranded run
+CREATE TABLE allocator.high_water (
+    singleton      boolean PRIMARY KEY DEFAULT true CHECK (singleton),
+    last_id        bigint NOT NULL DEFAULT -1 CHECK (last_id >= -1),
+    last_ticket    bigint NOT NULL DEFAULT 0 CHECK (last_ticket >= 0),
+    requeued_upto  bigint NOT NULL DEFAULT 0 CHECK (requeued_upto >= 0),
+    requeue_mark   bigint NOT NULL DEFAULT 0 CHECK (requeue_mark >= 0),
+    updated_at     timestamptz
+);
+INSERT INTO allocator.high_water DEFAULT VALUES;
+
+-- Claim tickets: each claim draws the next ticket(s) and claims the block holding it by
+-- primary-key-like lookup. CACHE 1 so pg_sequence_last_value() is exact for the cutter.
+CREATE SEQUENCE allocator.claim_ticket AS bigint MINVALUE 1 START 1 CACHE 1 NO CYCLE;
+
+CREATE TABLE allocator.blocks (
+    block_id    bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    ticket      bigint NOT NULL,
+    first_id    bigint NOT NULL CHECK (first_id >= 0),
+    last_id     bigint NOT NULL,
+    epoch       bigint NOT NULL,
+    cut_at      timestamptz NOT NULL DEFAULT statement_timestamp(),
+    claimed_by  text,
+    claimed_at  timestamptz,
+    CONSTRAINT blocks_range_valid CHECK (last_id >= first_id),
+    CONSTRAINT blocks_claim_complete CHECK ((claimed_by IS NULL) = (claimed_at IS NULL)),
+    CONSTRAINT blocks_ticket_unique UNIQUE (ticket),
+    -- I1 enforced by the database: no two retained blocks overlap, whatever wrote them.
+    -- (Blocks already pruned by retention are covered by the high-water check in cut_blocks.)
+    CONSTRAINT blocks_no_overlap EXCLUDE USING gist (int8range(first_id, last_id, '[]') WITH &&)
+) WITH (fillfactor = 50);
+COMMENT ON TABLE allocator.blocks IS
+    'Cut blocks of Snowflake IDs; claims update claimed_by/claimed_at in place (HOT).';
+
+-- Leader terms, one row per fence takeover.
+CREATE TABLE allocator.leader_terms (
+    epoch       bigint PRIMARY KEY,
+    holder      text NOT NULL,
+    host        text,
+    pid         integer,
+    elected_at  timestamptz NOT NULL DEFAULT statement_timestamp(),
+    ended_at    timestamptz,
+    end_reason  text,
+    CONSTRAINT leader_terms_end_complete CHECK ((ended_at IS NULL) = (end_reason IS NULL))
+);
+
+-- Samples of the ticket positions, for the claim rate and runway (written by any node).
+CREATE TABLE allocator.pool_samples (
+    sampled_at       timestamptz PRIMARY KEY DEFAULT clock_timestamp(),
+    claim_position   bigint NOT NULL,
+    cut_position     bigint NOT NULL
+);
+
+CREATE VIEW allocator.block_ledger AS
+SELECT b.block_id, b.first_id, b.last_id, b.last_id - b.first_id + 1 AS size,
+       b.epoch, b.cut_at, b.claimed_by, b.claimed_at
+  FROM allocator.blocks b;
+
+CREATE VIEW allocator.leader_history AS
+SELECT t.epoch, t.holder, t.host, t.pid, t.elected_at, t.ended_at, t.end_reason
+  FROM allocator.leader_terms t;
+
+-- pool_status reads the ticket sequence as a relation (checked against the view owner), so
+-- consumers need no privilege on the sequence itself.
+CREATE VIEW allocator.pool_status AS
+WITH position AS (
+    SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END AS claim_position
+      FROM allocator.claim_ticket s
+), available AS (
+    SELECT count(*) AS blocks, coalesce(sum(b.last_id - b.first_id + 1), 0)::bigint AS ids
+      FROM allocator.blocks b, allocator.high_water h
+     WHERE b.ticket > h.requeued_upto AND b.claimed_at IS NULL
+), rate AS (
+    -- claims per second since the oldest sample of the last minute (at least 1 s old)
+    SELECT (p.claim_position - s.claim_position)::double precision
+           / extract(epoch FROM clock_timestamp() - s.sampled_at)::double precision
+           AS blocks_per_s
+      FROM position p,
+           LATERAL (SELECT ps.claim_position, ps.sampled_at
+                      FROM allocator.pool_samples ps
+                     WHERE ps.sampled_at BETWEEN clock_timestamp() - interval '60 seconds'
+                                             AND clock_timestamp() - interval '1 second'
+                     ORDER BY ps.sampled_at
+                     LIMIT 1) s
+)
+SELECT a.blocks AS available_blocks,
+       a.ids AS available_ids,
+       r.blocks_per_s AS claim_rate_blocks_per_s,
+       CASE WHEN r.blocks_per_s > 0 THEN a.blocks / r.blocks_per_s END AS runway_s,
+       h.last_id AS high_water_id,
+       h.last_ticket AS cut_position,
+       p.claim_position,
+       f.epoch,
+       f.holder
+  FROM available a
+ CROSS JOIN position p
+ CROSS JOIN allocator.high_water h
+ CROSS JOIN allocator.fence f
+  LEFT JOIN rate r ON true;
