@@ -9,12 +9,15 @@ expected failures. Every option that matters in production can also be set throu
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
 import click
 
 from allocator import __version__, errors
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
 class _Group(click.Group):
@@ -25,6 +28,8 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except errors.AllocatorError as exc:
             click.echo(f"error: {errors.describe(exc)}", err=True)
+            for line in errors.details(exc):
+                click.echo(f"  | {line}", err=True)
             sys.exit(exc.exit_code)
 
 
@@ -32,6 +37,8 @@ class _Group(click.Group):
 @click.version_option(__version__, prog_name="allocator")
 def main() -> None:
     """Leader-elected allocator of Snowflake ID blocks."""
+    if not logging.getLogger().handlers:
+        logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
 
 
 def _register() -> None:

@@ -77,16 +77,27 @@ class LocalClusterError(AllocatorError):
 
 
 def describe(exc: BaseException) -> str:
-    """One line: the message followed by its cause chain (``a: b: c``), no traceback."""
+    """One line: each message's first line, then its cause chain (``a: b: c``), no traceback.
+
+    A message's further lines (e.g. a server log's tail) are :func:`details`.
+    """
     parts: list[str] = []
     seen: set[int] = set()
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        text = " ".join(str(current).split()) or type(current).__name__
+        first, _, rest = str(current).strip().partition("\n")
+        # A foreign error's extra lines are part of its sentence (psycopg); ours are details.
+        text = first if isinstance(current, AllocatorError) else f"{first} {rest}"
+        text = " ".join(text.split()) or type(current).__name__
         if not parts or text not in parts[-1]:
             parts.append(text)
         current = current.__cause__ or (
             None if current.__suppress_context__ else current.__context__
         )
     return ": ".join(parts)
+
+
+def details(exc: BaseException) -> list[str]:
+    """The lines after the first of an error's own message (a log tail), for the CLI."""
+    return str(exc).strip().splitlines()[1:]

@@ -1,0 +1,40 @@
+# Two entry points (see README): `make demo` runs the system, `make test` runs every check.
+# Both install what they need first: Debian packages (scripts/install-system-deps.sh) and a
+# virtualenv with the project (.venv).
+
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+PYTEST_ARGS ?=
+
+.PHONY: all demo test lint unit integration system-deps venv clean
+
+all: test
+
+system-deps:
+	@bash scripts/install-system-deps.sh
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+lint: venv
+	$(BIN)/ruff check allocator jobs migrations tests
+	$(BIN)/ruff format --check allocator jobs migrations tests
+	$(BIN)/mypy --strict allocator jobs
+
+test: system-deps venv lint
+	$(BIN)/pytest $(PYTEST_ARGS)
+
+unit: venv
+	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+
+demo: system-deps venv
+	$(BIN)/allocator demo
+
+clean:
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

@@ -1,0 +1,63 @@
+"""Free loopback TCP ports for the embedded cluster.
+
+Rules: every server of the embedded cluster listens on 127.0.0.1 only, on ports chosen at
+run time (never fixed numbers). A port is picked by binding ``127.0.0.1:0`` and reading what
+the kernel gave; when several are needed, all sockets stay open until every port is read, so
+the ports are distinct. Between picking and the server binding there is a small race with
+other programs; the servers fail loudly if they lose it, and :func:`ensure_free` checks a
+recorded port before a server is restarted on it, naming the port if it is taken.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+
+from allocator.errors import PortInUseError
+
+LOOPBACK = "127.0.0.1"
+
+
+def pick_free_ports(count: int, host: str = LOOPBACK) -> list[int]:
+    """Return ``count`` distinct TCP ports that are free on ``host`` right now."""
+    if count < 0:
+        raise ValueError(f"count must be >= 0, not {count}")
+    with contextlib.ExitStack() as stack:
+        ports: list[int] = []
+        for _ in range(count):
+            sock = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
+            sock.bind((host, 0))
+            ports.append(int(sock.getsockname()[1]))
+        return ports
+
+
+def pick_free_port(host: str = LOOPBACK) -> int:
+    """Return one TCP port that is free on ``host`` right now."""
+    return pick_free_ports(1, host)[0]
+
+
+def is_free(port: int, host: str = LOOPBACK) -> bool:
+    """True if a server could listen on ``host:port`` now.
+
+    ``SO_REUSEADDR`` is set as the servers set it, so connections of a stopped server that
+    linger in TIME_WAIT do not count as "taken", while any listening socket does.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return False
+        return True
+
+
+def ensure_free(port: int, what: str, host: str = LOOPBACK) -> None:
+    """Raise :class:`PortInUseError` naming ``port`` and its use if it is taken."""
+    if not 0 < port < 65536:
+        raise PortInUseError(f"{what}: {port} is not a valid TCP port")
+    if not is_free(port, host):
+        raise PortInUseError(
+            f"port {port} on {host} ({what}) is already in use by another process; "
+            "free it, or start with other ports (`allocator local down --purge` forgets "
+            "the recorded ones)"
+        )

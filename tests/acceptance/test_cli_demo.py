@@ -1,0 +1,45 @@
+"""`allocator demo` (what `make demo` runs) leaves no server process behind."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.processes import alive_pids
+
+pytestmark = pytest.mark.integration
+
+DEMO_TIMEOUT_S = 240
+
+
+def test_demo_runs_and_stops_every_process_it_started() -> None:
+    state_dir = Path(tempfile.mkdtemp(prefix="allocator-demo-"))
+    state_dir.chmod(0o755)
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "allocator.cli", "demo", "--state-dir", str(state_dir)],
+            capture_output=True,
+            text=True,
+            timeout=DEMO_TIMEOUT_S,
+            check=False,
+        )
+    finally:
+        subprocess.run(
+            [sys.executable, "-m", "allocator.cli", "local", "down", "--purge"]
+            + ["--state-dir", str(state_dir)],
+            capture_output=True,
+            check=False,
+        )
+        shutil.rmtree(state_dir, ignore_errors=True)
+    assert result.returncode == 0, result.stderr
+    assert "2 of 3 servers still form a quorum" in result.stdout
+    assert "processes left running: 0" in result.stdout
+    (stopped,) = [line for line in result.stdout.splitlines() if "stopped pids:" in line]
+    pids = [int(pid) for pid in stopped.split("stopped pids:")[1].split(";")[0].split()]
+    assert len(pids) == 4  # three ZooKeeper servers and the postmaster
+    assert alive_pids(pids) == []

@@ -1,0 +1,108 @@
+"""Least privilege: what each allocator role can and cannot do."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.fixtures.pg import cut, take_fence, url_for_user
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def login_as(db_url: str) -> Iterator[object]:
+    """Creates throwaway login users in a group role; roles are cluster-wide, so drop them."""
+    created: list[str] = []
+    connections: list[psycopg.Connection[tuple[object, ...]]] = []
+
+    def make(group: str) -> psycopg.Connection[tuple[object, ...]]:
+        name = f"t_{group.removeprefix('allocator_')}_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(db_url, autocommit=True) as admin:
+            admin.execute(
+                sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                    sql.Identifier(name), sql.Identifier(group)
+                )
+            )
+        created.append(name)
+        connection = psycopg.connect(url_for_user(db_url, name), autocommit=True)
+        connections.append(connection)
+        return connection
+
+    yield make
+    for connection in connections:
+        connection.close()
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        for name in created:
+            admin.execute(sql.SQL("DROP OWNED BY {}").format(sql.Identifier(name)))
+            admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def stocked(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        take_fence(admin, 50)
+        cut(admin, 50, [(1000 + 100 * i, 1099 + 100 * i) for i in range(10)])
+
+
+def denied(conn: psycopg.Connection, statement: str) -> bool:
+    try:
+        conn.execute(statement)
+    except psycopg.errors.InsufficientPrivilege:
+        return True
+    return False
+
+
+WRITES = [
+    "SELECT * FROM allocator.take_fence(999, 'x', 'h', 1)",
+    "SELECT * FROM allocator.cut_blocks(50, ARRAY[5000], ARRAY[5099])",
+    "SELECT allocator.requeue_stranded(50)",
+    "UPDATE allocator.blocks SET claimed_by = 'x', claimed_at = now()",
+    "INSERT INTO allocator.blocks (ticket, first_id, last_id, epoch) VALUES (1, 9e6, 9e6, 50)",
+    "DELETE FROM allocator.blocks",
+    "UPDATE allocator.fence SET epoch = epoch + 1",
+    "UPDATE allocator.high_water SET last_id = 0",
+    "SELECT nextval('allocator.claim_ticket')",
+]
+
+
+@pytest.mark.usefixtures("stocked")
+def test_consumer_can_only_claim_and_read_pool_status(login_as: object) -> None:
+    consumer = login_as("allocator_consumer")  # type: ignore[operator]
+    rows = consumer.execute("SELECT * FROM allocator.claim_blocks('app', 2)").fetchall()
+    assert len(rows) == 2
+    (available,) = consumer.execute("SELECT available_blocks FROM allocator.pool_status").fetchone()
+    assert available == 8
+    for statement in [
+        *WRITES,
+        "SELECT * FROM allocator.blocks",
+        "SELECT * FROM allocator.block_ledger",
+        "SELECT * FROM allocator.leader_history",
+        "SELECT * FROM allocator.fence",
+    ]:
+        assert denied(consumer, statement), statement
+
+
+@pytest.mark.usefixtures("stocked")
+def test_node_writes_only_through_the_fenced_functions(login_as: object) -> None:
+    node = login_as("allocator_node")  # type: ignore[operator]
+    node.execute("SELECT * FROM allocator.take_fence(60, 'node-x', 'h', 1)")
+    node.execute("SELECT * FROM allocator.cut_blocks(60, ARRAY[5000], ARRAY[5099])")
+    node.execute("SELECT allocator.requeue_stranded(60)")
+    node.execute("SELECT allocator.record_pool_sample()")
+    node.execute("SELECT * FROM allocator.block_ledger LIMIT 1")
+    for statement in [*WRITES[3:], "SELECT * FROM allocator.claim_blocks('node', 1)"]:
+        assert denied(node, statement), statement
+
+
+@pytest.mark.usefixtures("stocked")
+def test_operator_reads_the_views_and_writes_nothing(login_as: object) -> None:
+    operator = login_as("allocator_operator")  # type: ignore[operator]
+    for view in ("block_ledger", "pool_status", "leader_history"):
+        operator.execute(f"SELECT * FROM allocator.{view}").fetchall()
+    for statement in [*WRITES, "SELECT * FROM allocator.claim_blocks('op', 1)"]:
+        assert denied(operator, statement), statement
