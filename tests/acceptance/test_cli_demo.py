@@ -15,6 +15,7 @@ from tests.fixtures.processes import alive_pids
 pytestmark = pytest.mark.integration
 
 DEMO_TIMEOUT_S = 240
+ALLOCATOR = (sys.executable, "-m", "allocator.cli")
 
 
 def test_demo_runs_and_stops_every_process_it_started() -> None:
@@ -22,7 +23,7 @@ def test_demo_runs_and_stops_every_process_it_started() -> None:
     state_dir.chmod(0o755)
     try:
         result = subprocess.run(
-            [sys.executable, "-m", "allocator.cli", "demo", "--state-dir", str(state_dir)],
+            [*ALLOCATOR, "demo", "--state-dir", str(state_dir)],
             capture_output=True,
             text=True,
             timeout=DEMO_TIMEOUT_S,
@@ -30,8 +31,7 @@ def test_demo_runs_and_stops_every_process_it_started() -> None:
         )
     finally:
         subprocess.run(
-            [sys.executable, "-m", "allocator.cli", "local", "down", "--purge"]
-            + ["--state-dir", str(state_dir)],
+            [*ALLOCATOR, "local", "down", "--purge", "--state-dir", str(state_dir)],
             capture_output=True,
             check=False,
         )
