@@ -76,6 +76,74 @@ class LocalClusterError(AllocatorError):
     """The embedded cluster's recorded state does not allow the request (``allocator local``)."""
 
 
+class DatabaseError(AllocatorError):
+    """PostgreSQL refused or failed a request and retrying will not help (the cause says why)."""
+
+
+class DatabaseUnavailableError(DatabaseError):
+    """PostgreSQL is unreachable or too slow: connection failure, lock or statement timeout,
+    shutdown, deadlock. Retryable. After a write, its outcome is unknown (it may have
+    committed): re-read the high-water mark before cutting again."""
+
+    exit_code = 75  # EX_TEMPFAIL
+
+
+class FenceError(AllocatorError):
+    """PostgreSQL refused a leader's write under the fence protocol (DESIGN §3)."""
+
+    sqlstate = ""
+
+
+class FencedError(FenceError):
+    """AL100: the write's epoch does not hold the fence; this node is no longer leader."""
+
+    sqlstate = "AL100"
+
+
+class StaleTakeoverError(FenceError):
+    """AL101: the fence already holds an equal or newer epoch; this node must step down."""
+
+    sqlstate = "AL101"
+
+
+class BehindHighWaterError(FenceError):
+    """AL102: a block starts at or behind the persisted high-water mark (I2); re-read it."""
+
+    sqlstate = "AL102"
+
+
+class InvalidBatchError(AllocatorError):
+    """AL103: the database rejected the arguments of a node write (a bug in the caller)."""
+
+    exit_code = 70  # EX_SOFTWARE
+    sqlstate = "AL103"
+
+
+class ClockBehindError(AllocatorError):
+    """The leader's clock is behind the high-water mark by more than the allowed bound.
+
+    Cutting stops (I5); the leader raises an alert and keeps serving the existing pool.
+    """
+
+    exit_code = 75  # EX_TEMPFAIL: the clock may catch up
+
+    def __init__(self, message: str, *, now_ms: int, mark_ms: int, bound_ms: int) -> None:
+        super().__init__(message)
+        self.now_ms = now_ms
+        self.mark_ms = mark_ms
+        self.bound_ms = bound_ms
+
+    @property
+    def behind_ms(self) -> int:
+        return self.mark_ms - self.now_ms
+
+
+class TimeRangeExhaustedError(AllocatorError):
+    """No ID can be cut: the next one would need a millisecond past the layout's time range."""
+
+    exit_code = 78  # EX_CONFIG: only another layout (a new cluster) can continue
+
+
 def describe(exc: BaseException) -> str:
     """One line: each message's first line, then its cause chain (``a: b: c``), no traceback.
 
