@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import psycopg
 import pytest
+from alembic import command
 
 from allocator import migrate
 from tests.fixtures.pg import claim, cut, take_fence
@@ -19,6 +20,7 @@ FUNCTIONS = {
     "cut_blocks",
     "requeue_stranded",
     "record_pool_sample",
+    "prune_claimed",
 }
 ROLES = {"allocator_consumer", "allocator_node", "allocator_operator"}
 
@@ -70,6 +72,23 @@ def test_downgrade_to_base_then_upgrade_again_works(empty_db_url: str) -> None:
         take_fence(conn, 7)
         cut(conn, 7, [(100, 199)])
         assert claim(conn, "after-roundtrip") == [(1, 100, 199)]
+
+
+def test_downgrade_one_step_removes_only_prune_claimed_and_upgrade_restores_it(
+    empty_db_url: str,
+) -> None:
+    migrate.upgrade_to_head(empty_db_url)
+    command.downgrade(migrate._alembic_config(empty_db_url), "0001")
+    assert migrate.current_revision(empty_db_url) == "0001"
+    assert schema_objects(empty_db_url)["functions"] == FUNCTIONS - {"prune_claimed"}
+    migrate.upgrade_to_head(empty_db_url)
+    assert schema_objects(empty_db_url)["functions"] == FUNCTIONS
+    with psycopg.connect(empty_db_url) as conn:
+        (granted,) = conn.execute(  # type: ignore[misc]
+            "SELECT has_function_privilege('allocator_node',"
+            " 'allocator.prune_claimed(bigint, timestamptz, integer)', 'EXECUTE')"
+        ).fetchone()
+    assert granted
 
 
 def test_bad_url_is_a_clear_error() -> None:

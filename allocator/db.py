@@ -1,0 +1,465 @@
+"""The node's PostgreSQL access: named operations over a connection pool, errors translated.
+
+Rules:
+
+- SQL text comes from :mod:`allocator.sql`; this module composes none. Each operation
+  returns a small frozen dataclass (or a plain value), never a driver row.
+- No hidden I/O: :class:`NodeDatabase` only records its settings when built. :meth:`open`
+  creates and fills the pool (and may be called again after :meth:`close`); the context
+  manager does both. Operations may run from several threads at once (the pool is shared);
+  ``open``/``close`` are not meant to race with them.
+- Every operation is one statement on an autocommit connection, hence its own transaction:
+  a fenced function locks the fence row on the caller's exact epoch, checks, writes and
+  advances the mark inside the statement that commits it (DESIGN §3). Nothing stays open
+  between operations, so a paused node holds no lock. The one exception is
+  :meth:`NodeDatabase.take_fence`, which raises its own ``lock_timeout`` for the length of
+  its transaction (below).
+- Every pool connection is configured (``configure`` callback) with ``statement_timeout``
+  and ``idle_in_transaction_session_timeout`` from :class:`PostgresConfig`,
+  ``application_name = 'allocator-node:<name>'`` (PostgreSQL keeps 63 bytes) and a short
+  ``lock_timeout``: a fenced write that queues behind a takeover fails quickly and
+  retryably (and its retry is then rejected as fenced) instead of waiting. A takeover, in
+  turn, must wait for a write already in flight, so ``take_fence`` waits up to
+  ``takeover_lock_timeout_ms`` (default: the statement timeout).
+- Errors are translated here, keeping ``__cause__``: SQLSTATE AL100 → :class:`FencedError`,
+  AL101 → :class:`StaleTakeoverError`, AL102 → :class:`BehindHighWaterError`, AL103 →
+  :class:`InvalidBatchError` (a bug); connection failures, pool timeouts, lock and statement
+  timeouts, server shutdowns, deadlocks and serialization failures →
+  :class:`DatabaseUnavailableError` (retryable; after a write the outcome is unknown, since
+  the commit may have happened: re-read the high-water mark); anything else →
+  :class:`DatabaseError`.
+- :func:`read_status` serves operator commands: any URL, one short-lived read-only
+  connection, one consistent snapshot; it needs only the operator (or node) role.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime
+from types import TracebackType
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg import IsolationLevel
+from psycopg.rows import TupleRow, class_row
+from psycopg_pool import ConnectionPool, PoolClosed
+
+from allocator import sql
+from allocator.config import PostgresConfig
+from allocator.errors import (
+    AllocatorError,
+    BehindHighWaterError,
+    DatabaseError,
+    DatabaseUnavailableError,
+    FencedError,
+    InvalidBatchError,
+    StaleTakeoverError,
+)
+
+log = logging.getLogger(__name__)
+
+APPLICATION_NAME_PREFIX = "allocator-node:"
+STATUS_APPLICATION_NAME = "allocator-status"
+LOCK_TIMEOUT_MS = 1000
+"""Default wait of a node statement for a lock (the fence row, a block row) before failing."""
+STATUS_CONNECT_TIMEOUT_S = 5.0
+STATUS_STATEMENT_TIMEOUT_MS = 5000
+STATUS_HISTORY_LIMIT = 10
+MAX_BIGINT = (1 << 63) - 1
+
+_T = TypeVar("_T")
+
+_BY_SQLSTATE: Mapping[str, type[AllocatorError]] = {
+    FencedError.sqlstate: FencedError,
+    StaleTakeoverError.sqlstate: StaleTakeoverError,
+    BehindHighWaterError.sqlstate: BehindHighWaterError,
+    InvalidBatchError.sqlstate: InvalidBatchError,
+}
+# Retryable server answers, and what they mean for whoever reads the log line.
+_UNAVAILABLE: Mapping[str, str] = {
+    "55P03": "timed out waiting for a lock (lock_timeout)",
+    "57014": "statement cancelled (statement_timeout)",
+    "25P03": "session ended: idle in transaction too long",
+    "40001": "transaction rolled back by a serialization conflict",
+    "40P01": "transaction rolled back by a deadlock",
+    "57P01": "the server is shutting down",
+    "57P02": "the server crashed",
+    "57P03": "the server is not accepting connections yet",
+    "53300": "the server has too many connections",
+}
+# The schema is missing or older than this code.
+_SCHEMA_MISSING = frozenset({"3F000", "42P01", "42883"})
+
+
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """What a successful ``take_fence`` found: the persisted mark and the epoch it replaced."""
+
+    high_water_id: int
+    """The last ID ever cut (inclusive); -1 before the first cut."""
+    previous_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class CutResult:
+    """The state after a committed ``cut_blocks`` batch."""
+
+    high_water_id: int
+    """The new high-water mark: the batch's last ID."""
+    last_ticket: int
+    """The claim ticket of the batch's last block."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatus:
+    """One row of ``allocator.pool_status``."""
+
+    available_blocks: int
+    available_ids: int
+    claim_rate_blocks_per_s: float | None
+    """None until a pool sample at least 1 s old exists."""
+    runway_s: float | None
+    """Available blocks / claim rate; None while the rate is unknown or zero."""
+    high_water_id: int
+    cut_position: int
+    claim_position: int
+    epoch: int
+    holder: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """One row of ``allocator.leader_history``: a leader's term, from takeover to its end."""
+
+    epoch: int
+    holder: str
+    host: str | None
+    pid: int | None
+    elected_at: datetime
+    ended_at: datetime | None
+    end_reason: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class FenceState:
+    """Who holds the fence: epoch 0 and no holder before the first takeover."""
+
+    epoch: int
+    holder: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSettings:
+    """What ``SHOW`` says on a node connection (for diagnostics and tests)."""
+
+    statement_timeout: str
+    idle_in_transaction_session_timeout: str
+    lock_timeout: str
+    application_name: str
+
+
+def translate(exc: psycopg.Error, what: str) -> AllocatorError:
+    """The project's error for a driver error raised while doing ``what`` (callers chain it)."""
+    state = exc.sqlstate or ""
+    if state in _BY_SQLSTATE:
+        primary = exc.diag.message_primary or str(exc).strip().partition("\n")[0]
+        return _BY_SQLSTATE[state](f"{what}: {primary}")
+    if isinstance(exc, PoolClosed):
+        return DatabaseError(f"{what}: the node's database pool is closed")
+    if state in _UNAVAILABLE:
+        return DatabaseUnavailableError(f"{what}: {_UNAVAILABLE[state]}")
+    if (not state and isinstance(exc, psycopg.OperationalError)) or state.startswith("08"):
+        return DatabaseUnavailableError(f"{what}: PostgreSQL is unreachable")
+    if state in _SCHEMA_MISSING:
+        return DatabaseError(
+            f"{what}: the allocator schema is missing or older than this code "
+            "(run `allocator migrate`)"
+        )
+    return DatabaseError(f"{what} failed")
+
+
+@contextmanager
+def _translated(what: str) -> Iterator[None]:
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise translate(exc, what) from exc
+
+
+def _check_ids(ranges: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    firsts = [first for first, _ in ranges]
+    lasts = [last for _, last in ranges]
+    if any(not 0 <= value <= MAX_BIGINT for value in (*firsts, *lasts)):
+        raise InvalidBatchError("cut blocks: every ID must be in 0..2^63-1")
+    return firsts, lasts
+
+
+class NodeDatabase:
+    """The leader's (and followers') access to PostgreSQL, over a ``psycopg_pool`` pool.
+
+    ``NodeDatabase(config.postgres, node_name=...)`` does no I/O; call :meth:`open` (or use
+    ``with``). See the module docstring for the rules every operation follows.
+    """
+
+    def __init__(
+        self,
+        config: PostgresConfig,
+        *,
+        node_name: str,
+        lock_timeout_ms: int = LOCK_TIMEOUT_MS,
+        takeover_lock_timeout_ms: int | None = None,
+    ) -> None:
+        if lock_timeout_ms <= 0:
+            raise ValueError(f"lock_timeout_ms must be > 0 (got {lock_timeout_ms})")
+        if takeover_lock_timeout_ms is not None and takeover_lock_timeout_ms <= 0:
+            raise ValueError(
+                f"takeover_lock_timeout_ms must be > 0 (got {takeover_lock_timeout_ms})"
+            )
+        self._config = config
+        self._node_name = node_name
+        self._application_name = APPLICATION_NAME_PREFIX + node_name
+        self._lock_timeout_ms = lock_timeout_ms
+        self._takeover_lock_timeout_ms = takeover_lock_timeout_ms or config.statement_timeout_ms
+        self._pool: ConnectionPool[psycopg.Connection[TupleRow]] | None = None
+
+    # -- lifecycle -------------------------------------------------------------------------
+
+    @property
+    def application_name(self) -> str:
+        return self._application_name
+
+    @property
+    def is_open(self) -> bool:
+        return self._pool is not None
+
+    def open(self, timeout: float | None = None) -> None:
+        """Create the pool and wait up to ``timeout`` s (default: the connect timeout) for
+        its ``pool_min_size`` connections. Raises :class:`DatabaseUnavailableError` (the pool
+        is then closed again; the pool's log says why connecting failed)."""
+        if self._pool is not None:
+            return
+        timeout = self._config.connect_timeout_s if timeout is None else timeout
+        pool: ConnectionPool[psycopg.Connection[TupleRow]] = ConnectionPool(
+            self._config.url.get_secret_value(),
+            kwargs={
+                "autocommit": True,
+                "connect_timeout": max(2, math.ceil(self._config.connect_timeout_s)),
+            },
+            min_size=self._config.pool_min_size,
+            max_size=self._config.pool_max_size,
+            open=False,
+            configure=self._configure,
+            check=ConnectionPool.check_connection,
+            name=self._application_name,
+            timeout=self._config.connect_timeout_s,
+        )
+        try:
+            with _translated("open the node database pool"):
+                pool.open(wait=True, timeout=timeout)
+        except BaseException:
+            pool.close()
+            raise
+        self._pool = pool
+        log.info(
+            "db_pool_opened name=%s min_size=%d max_size=%d",
+            self._application_name,
+            self._config.pool_min_size,
+            self._config.pool_max_size,
+        )
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the pool; connections in use are closed when they are returned."""
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close(timeout=timeout)
+            log.info("db_pool_closed name=%s", self._application_name)
+
+    def __enter__(self) -> NodeDatabase:
+        self.open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def pool_stats(self) -> dict[str, int]:
+        """``psycopg_pool``'s counters (``pool_size``, ``requests_waiting``, …); {} when closed."""
+        pool = self._pool
+        return pool.get_stats() if pool is not None else {}
+
+    def _configure(self, conn: psycopg.Connection[TupleRow]) -> None:
+        conn.execute(
+            sql.CONFIGURE_SESSION,
+            {
+                "statement_timeout": str(self._config.statement_timeout_ms),
+                "idle_in_transaction_timeout": str(self._config.idle_in_transaction_timeout_ms),
+                "lock_timeout": str(self._lock_timeout_ms),
+                "application_name": self._application_name,
+            },
+        )
+
+    @contextmanager
+    def _connection(self, what: str) -> Iterator[psycopg.Connection[TupleRow]]:
+        with _translated(what):
+            pool = self._pool
+            if pool is None:
+                raise DatabaseError(f"{what}: the node database is not open")
+            with pool.connection() as conn:
+                yield conn
+
+    def _row(self, what: str, query: str, params: Mapping[str, Any], kind: type[_T]) -> _T:
+        with (
+            self._connection(what) as conn,
+            conn.cursor(row_factory=class_row(kind)) as cursor,
+        ):
+            row = cursor.execute(query, params).fetchone()
+        if row is None:
+            raise DatabaseError(f"{what}: the database returned no row")
+        return row
+
+    def _scalar(self, what: str, query: str, params: Mapping[str, Any] | None = None) -> Any:
+        with self._connection(what) as conn:
+            row = conn.execute(query, params).fetchone()
+        if row is None:
+            raise DatabaseError(f"{what}: the database returned no row")
+        return row[0]
+
+    # -- the fence and block writes -------------------------------------------------------
+
+    def take_fence(self, epoch: int, holder: str, host: str, pid: int) -> Takeover:
+        """Move the fence to ``epoch`` (which must be newer) and record the term.
+
+        Waits for a fenced write in flight (up to the takeover lock timeout). Raises
+        :class:`StaleTakeoverError` when the fence already holds ``epoch`` or a newer one.
+        """
+        what = "take the fence"
+        params = {"epoch": epoch, "holder": holder, "host": host, "pid": pid}
+        with (
+            self._connection(what) as conn,
+            conn.transaction(),
+            conn.cursor(row_factory=class_row(Takeover)) as cursor,
+        ):
+            cursor.execute(
+                sql.SET_LOCAL_LOCK_TIMEOUT, {"lock_timeout": str(self._takeover_lock_timeout_ms)}
+            )
+            row = cursor.execute(sql.TAKE_FENCE, params).fetchone()
+        if row is None:
+            raise DatabaseError(f"{what}: the database returned no row")
+        return row
+
+    def cut_blocks(self, epoch: int, ranges: Sequence[tuple[int, int]]) -> CutResult:
+        """Write a batch of blocks ``[(first_id, last_id), …]`` (ascending) in one statement.
+
+        Raises :class:`FencedError` (``epoch`` no longer holds the fence),
+        :class:`BehindHighWaterError` (the first block is not after the mark),
+        :class:`InvalidBatchError` (empty, unordered, overlapping or malformed batch).
+        """
+        firsts, lasts = _check_ids(ranges)
+        params = {"epoch": epoch, "first_ids": firsts, "last_ids": lasts}
+        return self._row("cut blocks", sql.CUT_BLOCKS, params, CutResult)
+
+    def requeue_stranded(self, epoch: int) -> int:
+        """Give stranded unclaimed blocks fresh tickets (fenced); how many moved."""
+        return int(self._scalar("requeue stranded blocks", sql.REQUEUE_STRANDED, {"epoch": epoch}))
+
+    def prune_claimed(self, epoch: int, claimed_before: datetime, limit: int) -> int:
+        """Delete at most ``limit`` blocks claimed before ``claimed_before`` (fenced); how many.
+
+        ``claimed_before`` must carry a time zone (a naive one would be read in the
+        session's zone).
+        """
+        if claimed_before.tzinfo is None or claimed_before.utcoffset() is None:
+            raise ValueError("claimed_before must be timezone-aware")
+        params = {"epoch": epoch, "claimed_before": claimed_before, "limit": limit}
+        return int(self._scalar("prune claimed blocks", sql.PRUNE_CLAIMED, params))
+
+    def end_term(self, epoch: int, reason: str) -> bool:
+        """Mark the term of ``epoch`` ended; False when it was already ended or is unknown."""
+        params = {"epoch": epoch, "reason": reason}
+        return bool(self._scalar("end the term", sql.END_TERM, params))
+
+    def record_pool_sample(self) -> None:
+        """Record one sample of the ticket positions (for the claim rate and runway)."""
+        with self._connection("record a pool sample") as conn:
+            conn.execute(sql.RECORD_POOL_SAMPLE)
+
+    # -- reads ----------------------------------------------------------------------------
+
+    def pool_status(self) -> PoolStatus:
+        return self._row("read the pool status", sql.POOL_STATUS, {}, PoolStatus)
+
+    def leader_history(self, limit: int) -> list[Term]:
+        """The latest ``limit`` terms, newest first."""
+        with (
+            self._connection("read the leader history") as conn,
+            conn.cursor(row_factory=class_row(Term)) as cursor,
+        ):
+            return cursor.execute(sql.LEADER_HISTORY, {"limit": limit}).fetchall()
+
+    def fence(self) -> FenceState:
+        with self._connection("read the fence") as conn:
+            row = conn.execute(sql.FENCE_AND_HIGH_WATER).fetchone()
+        if row is None:
+            raise DatabaseError("read the fence: the database returned no row")
+        return FenceState(epoch=int(row[0]), holder=row[1])
+
+    def high_water_id(self) -> int:
+        """The last ID ever cut (inclusive); -1 before the first cut."""
+        with self._connection("read the high-water mark") as conn:
+            row = conn.execute(sql.FENCE_AND_HIGH_WATER).fetchone()
+        if row is None:
+            raise DatabaseError("read the high-water mark: the database returned no row")
+        return int(row[2])
+
+    def session_settings(self) -> SessionSettings:
+        """The settings the pool applied, as one pool connection reports them."""
+        return self._row("read session settings", sql.SESSION_SETTINGS, {}, SessionSettings)
+
+    def ping(self) -> None:
+        """One round trip; raises :class:`DatabaseUnavailableError` when it fails."""
+        with self._connection("ping the database") as conn:
+            conn.execute(sql.PING)
+
+
+def read_status(
+    url: str,
+    *,
+    history_limit: int = STATUS_HISTORY_LIMIT,
+    connect_timeout_s: float = STATUS_CONNECT_TIMEOUT_S,
+    statement_timeout_ms: int = STATUS_STATEMENT_TIMEOUT_MS,
+) -> tuple[PoolStatus, list[Term]]:
+    """The pool status and the latest terms, for ``allocator status``, from any URL.
+
+    One plain connection, opened and closed here; both reads come from one read-only
+    REPEATABLE READ transaction, so they describe the same moment.
+    """
+    what = "read the allocator status"
+    with _translated(what):
+        conn = psycopg.connect(
+            url,
+            connect_timeout=max(2, math.ceil(connect_timeout_s)),
+            application_name=STATUS_APPLICATION_NAME,
+        )
+        with conn:
+            conn.isolation_level = IsolationLevel.REPEATABLE_READ
+            conn.read_only = True
+            with conn.transaction():
+                conn.execute(
+                    sql.SET_LOCAL_STATEMENT_TIMEOUT,
+                    {"statement_timeout": str(statement_timeout_ms)},
+                )
+                with conn.cursor(row_factory=class_row(PoolStatus)) as cursor:
+                    status = cursor.execute(sql.POOL_STATUS).fetchone()
+                with conn.cursor(row_factory=class_row(Term)) as cursor:
+                    terms = cursor.execute(sql.LEADER_HISTORY, {"limit": history_limit}).fetchall()
+    if status is None:
+        raise DatabaseError(f"{what}: the database returned no row")
+    return status, terms

@@ -1,0 +1,101 @@
+"""Every SQL statement the node and the operator commands send, by name.
+
+Rules:
+
+- SQL lives here and in ``migrations/sql`` only; :mod:`allocator.db` (and whoever else talks
+  to PostgreSQL) addresses statements by these names and holds no SQL text.
+- Writes go through the schema's functions (``take_fence``, ``cut_blocks``,
+  ``requeue_stranded``, ``prune_claimed``, ``end_term``, ``record_pool_sample``), never
+  through table DML: the node role has no INSERT/UPDATE/DELETE on any table, and the block
+  writes among those functions are fenced on the caller's exact epoch inside the statement.
+- Reads use the views (``pool_status``, ``leader_history``), the only relations the node
+  and operator roles may read.
+- Parameters are named (``%(name)s``, psycopg style); the column names of each statement
+  match the fields of the dataclass :mod:`allocator.db` builds from it, so rows map by name.
+- Every statement is a single statement: with an autocommit connection it is its own
+  transaction, so a fenced write's lock, check, insert and mark advance commit together.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+# -- session setup (the pool's configure callback) ---------------------------------------
+
+CONFIGURE_SESSION: Final = (
+    "SELECT set_config('statement_timeout', %(statement_timeout)s, false),"
+    " set_config('idle_in_transaction_session_timeout', %(idle_in_transaction_timeout)s, false),"
+    " set_config('lock_timeout', %(lock_timeout)s, false),"
+    " set_config('application_name', %(application_name)s, false)"
+)
+"""Session settings of a node connection; values are text (milliseconds for the timeouts)."""
+
+SESSION_SETTINGS: Final = (
+    "SELECT current_setting('statement_timeout') AS statement_timeout,"
+    " current_setting('idle_in_transaction_session_timeout')"
+    " AS idle_in_transaction_session_timeout,"
+    " current_setting('lock_timeout') AS lock_timeout,"
+    " current_setting('application_name') AS application_name"
+)
+"""What ``SHOW`` reports for the settings :data:`CONFIGURE_SESSION` makes."""
+
+SET_LOCAL_LOCK_TIMEOUT: Final = "SELECT set_config('lock_timeout', %(lock_timeout)s, true)"
+"""Overrides ``lock_timeout`` until the end of the current transaction."""
+
+SET_LOCAL_STATEMENT_TIMEOUT: Final = (
+    "SELECT set_config('statement_timeout', %(statement_timeout)s, true)"
+)
+"""Overrides ``statement_timeout`` until the end of the current transaction."""
+
+PING: Final = "SELECT 1"
+
+# -- the fence and block writes (node role) -----------------------------------------------
+
+TAKE_FENCE: Final = (
+    "SELECT high_water_id, previous_epoch"
+    " FROM allocator.take_fence(%(epoch)s, %(holder)s, %(host)s, %(pid)s)"
+)
+"""Takeover: moves the fence forward to ``epoch`` (AL101 when it is not newer), records the
+term, returns the persisted high-water mark and the epoch it replaced."""
+
+CUT_BLOCKS: Final = (
+    "SELECT high_water_id, last_ticket"
+    " FROM allocator.cut_blocks(%(epoch)s, %(first_ids)s::bigint[], %(last_ids)s::bigint[])"
+)
+"""One fenced write for a whole batch of blocks (AL100 fenced, AL102 behind the mark, AL103
+malformed batch); returns the new high-water mark and the last ticket assigned."""
+
+REQUEUE_STRANDED: Final = "SELECT allocator.requeue_stranded(%(epoch)s) AS requeued"
+"""Fenced: gives stranded unclaimed blocks fresh tickets; returns how many moved."""
+
+PRUNE_CLAIMED: Final = (
+    "SELECT allocator.prune_claimed(%(epoch)s, %(claimed_before)s, %(limit)s) AS pruned"
+)
+"""Fenced retention (migration 0002): deletes at most ``limit`` blocks claimed before the
+cutoff, oldest claims first; never an unclaimed block. Returns how many went."""
+
+END_TERM: Final = "SELECT coalesce(allocator.end_term(%(epoch)s, %(reason)s), false) AS ended"
+"""Ends the caller's term in the leader history; false when that term was already ended or
+never started (not fenced: it only annotates history)."""
+
+RECORD_POOL_SAMPLE: Final = "SELECT allocator.record_pool_sample()"
+"""One sample of the ticket positions, for the claim rate behind ``runway_s``."""
+
+# -- reads (node and operator roles) ------------------------------------------------------
+
+POOL_STATUS: Final = (
+    "SELECT available_blocks, available_ids, claim_rate_blocks_per_s, runway_s,"
+    " high_water_id, cut_position, claim_position, epoch, holder"
+    " FROM allocator.pool_status"
+)
+
+LEADER_HISTORY: Final = (
+    "SELECT epoch, holder, host, pid, elected_at, ended_at, end_reason"
+    " FROM allocator.leader_history"
+    " ORDER BY elected_at DESC, epoch DESC"
+    " LIMIT %(limit)s"
+)
+"""The latest ``limit`` terms, newest first."""
+
+FENCE_AND_HIGH_WATER: Final = "SELECT epoch, holder, high_water_id FROM allocator.pool_status"
+"""The fence and the high-water mark, through the view (the roles cannot read the tables)."""
