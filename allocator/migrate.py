@@ -21,7 +21,10 @@ from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from allocator.errors import AllocatorError
 
+# The repository's migrations/ folder, installed as the package ``allocator.migrations``.
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+if not MIGRATIONS_DIR.is_dir():  # a plain install: the folder lives inside the package
+    MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 SQL_DIR = MIGRATIONS_DIR / "sql"
 
 

@@ -18,15 +18,16 @@ import time
 import uuid
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING
 
 import click
-import psycopg
-from kazoo.client import KazooClient
 
-from allocator import migrate
 from allocator.commands.local import render
-from allocator.local.cluster import ClusterInfo, LocalCluster
+from allocator.local.cluster import LocalCluster
 from allocator.local.processes import is_pid_alive
+
+if TYPE_CHECKING:
+    from allocator.local.cluster import ClusterInfo
 
 DEFAULT_STATE_DIR = Path(".run/demo")
 ZK_TIMEOUT_S = 15.0
@@ -79,6 +80,10 @@ def _step(message: str) -> None:
 
 
 def _show_schema(info: ClusterInfo) -> None:
+    import psycopg
+
+    from allocator import migrate
+
     revision = migrate.current_revision(info.database_url)
     with psycopg.connect(info.database_url) as conn:
         status = conn.execute(
@@ -98,6 +103,8 @@ def _show_schema(info: ClusterInfo) -> None:
 
 
 def _show_quorum_survives(cluster: LocalCluster, info: ClusterInfo) -> None:
+    from kazoo.client import KazooClient
+
     victim = info.zk_servers[-1].id
     _step(f"killing ZooKeeper server {victim} (SIGKILL by pid)")
     cluster.stop_zk(victim)
@@ -115,6 +122,7 @@ def _show_quorum_survives(cluster: LocalCluster, info: ClusterInfo) -> None:
 
 
 def _stop(cluster: LocalCluster, info: ClusterInfo | None) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second TERM must not cut the cleanup short
     _step("stopping every process the demo started")
     started: list[int] = []
     if cluster.exists():

@@ -13,7 +13,6 @@ from pathlib import Path
 import click
 
 from allocator import config as config_mod
-from allocator import migrate
 from allocator.errors import UsageError
 
 
@@ -42,6 +41,8 @@ def migrate_command(
     set_pairs: tuple[str, ...],
 ) -> None:
     """Apply the schema migrations (default: upgrade to the newest revision)."""
+    from allocator import migrate  # alembic is slow to import; only this command needs it
+
     flags = {"postgres.url": database_url} if database_url else {}
     url = config_mod.load_from_options(config_path, set_pairs, flags).postgres.url
     url_text = url.get_secret_value()

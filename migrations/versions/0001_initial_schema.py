@@ -15,7 +15,9 @@ claimer on one row lock. Instead:
 * Each block gets a **claim ticket** when it is cut: consecutive numbers in cut order,
   unique (``blocks_ticket_unique``). A claim draws the next value of the sequence
   ``allocator.claim_ticket`` and updates *the* row carrying that ticket, found by the unique
-  index: no scan, no two claimers ever touch the same row, no lock waits.
+  index: no scan, and no two claimers ever want the same row. The row is locked with
+  ``FOR UPDATE SKIP LOCKED``, so even a row someone else holds (below) is skipped, never
+  waited for: a claim never blocks, whatever other transactions keep open.
 * The claim only sets ``claimed_by``/``claimed_at``, which are in no index, and the table has
   ``fillfactor = 50``, so the update is HOT: the new version goes on the same page, no index
   entry is added, and the dead version is pruned by the next visitor of the page without
@@ -23,11 +25,16 @@ claimer on one row lock. Instead:
   Retention (a job) deletes old claimed blocks in batches; autovacuum reclaims them.
 * Nothing is stranded: a ticket burned by a rolled-back claim, or drawn before its block was
   cut (empty pool), would otherwise leave a block nobody will ever draw. Three rules close
-  that: ``cut_blocks`` numbers new blocks after every ticket already drawn; a claim whose
-  ticket finds no block falls back to the oldest unheld block below its own ticket
-  (``FOR UPDATE SKIP LOCKED``, bounded by ``high_water.requeued_upto``, so it never waits
-  and never scans claimed history); and the leader's ``requeue_stranded`` gives unclaimed
-  blocks left below the ticket position fresh tickets at the end of the queue.
+  that: ``cut_blocks`` numbers new blocks after every ticket already drawn; the leader's
+  ``requeue_stranded`` gives unclaimed blocks left below the ticket position fresh tickets
+  at the end of the queue, considering only tickets drawn before its previous run (so a
+  claim in flight keeps its block); and a claim whose ticket finds no block falls back to
+  the oldest unheld block in that same window (``SKIP LOCKED``, between
+  ``high_water.requeued_upto`` and ``requeue_mark``), so it never takes a ticket another
+  claim is about to use and never scans claimed history.
+* Scans of ticket ranges (``available_blocks``, ``requeue_stranded``) run with
+  ``enable_seqscan = off``: the floor is only known at run time, and a sequential scan would
+  grow with the claimed history the design is meant to be immune to.
 * I1 is enforced by the database twice: an exclusion constraint on
   ``int8range(first_id, last_id, '[]')`` forbids overlap among retained blocks whoever
   writes, and ``cut_blocks`` (the only write path the node role has) refuses any block not

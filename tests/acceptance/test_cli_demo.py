@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.fixtures.processes import alive_pids
+from allocator.local.processes import is_pid_alive
 
 pytestmark = pytest.mark.integration
 
@@ -42,4 +42,4 @@ def test_demo_runs_and_stops_every_process_it_started() -> None:
     (stopped,) = [line for line in result.stdout.splitlines() if "stopped pids:" in line]
     pids = [int(pid) for pid in stopped.split("stopped pids:")[1].split(";")[0].split()]
     assert len(pids) == 4  # three ZooKeeper servers and the postmaster
-    assert alive_pids(pids) == []
+    assert [pid for pid in pids if is_pid_alive(pid)] == []

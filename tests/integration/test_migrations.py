@@ -21,6 +21,7 @@ FUNCTIONS = {
     "requeue_stranded",
     "record_pool_sample",
     "prune_claimed",
+    "available_blocks",
 }
 ROLES = {"allocator_consumer", "allocator_node", "allocator_operator"}
 

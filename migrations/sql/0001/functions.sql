@@ -18,11 +18,12 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    tickets   bigint[];
-    claimed   integer;
-    more      integer;
-    top_tk    bigint;
-    floor_tk  bigint;
+    tickets     bigint[];
+    claimed     integer;
+    more        integer;
+    one_tk      bigint;
+    floor_tk    bigint;
+    ceiling_tk  bigint;
 BEGIN
     IF consumer IS NULL OR length(btrim(consumer)) = 0 THEN
         RAISE EXCEPTION 'consumer must be a non-empty name'
@@ -44,23 +45,31 @@ BEGIN
     PERFORM set_config('synchronous_commit', 'on', true);
 
     -- Fast path: draw n tickets and claim the blocks that carry them, by unique index.
+    -- SKIP LOCKED: a row held by someone else (requeue_stranded, or a slow-path claim in an
+    -- open transaction) is skipped, never waited for; the slow path below makes up for it.
     -- n = 1 (the common call) avoids the array machinery: about twice the throughput.
     IF n = 1 THEN
-        top_tk := nextval('allocator.claim_ticket');
+        one_tk := nextval('allocator.claim_ticket');
         RETURN QUERY
         UPDATE allocator.blocks b
            SET claimed_by = consumer, claimed_at = statement_timestamp()
-         WHERE b.ticket = top_tk AND b.claimed_at IS NULL
+         WHERE b.ctid = (SELECT s.ctid FROM allocator.blocks s
+                          WHERE s.ticket = one_tk AND s.claimed_at IS NULL
+                            FOR UPDATE SKIP LOCKED)
         RETURNING b.block_id, b.first_id, b.last_id;
     ELSE
         SELECT array_agg(nextval('allocator.claim_ticket')) INTO tickets
           FROM generate_series(1, n);
-        SELECT max(t) INTO top_tk FROM unnest(tickets) AS t;
         RETURN QUERY
-        WITH won AS (
+        WITH mine AS (
+            SELECT s.block_id FROM allocator.blocks s
+             WHERE s.ticket = ANY (tickets) AND s.claimed_at IS NULL
+               FOR UPDATE SKIP LOCKED
+        ), won AS (
             UPDATE allocator.blocks b
                SET claimed_by = consumer, claimed_at = statement_timestamp()
-             WHERE b.ticket = ANY (tickets) AND b.claimed_at IS NULL
+              FROM mine m
+             WHERE b.block_id = m.block_id
             RETURNING b.block_id, b.first_id, b.last_id
         )
         SELECT w.block_id, w.first_id, w.last_id FROM won w ORDER BY w.first_id;
@@ -69,17 +78,18 @@ BEGIN
 
     IF claimed < n THEN
         -- Slow path: a ticket found no block (pool empty, a block still being cut, or moved
-        -- by requeue_stranded). Take the oldest blocks whose tickets were already drawn but
-        -- that nobody holds: those stranded by rolled-back claims. Bounded below by
-        -- requeued_upto, above by our own highest ticket, so it never takes a block whose
-        -- ticket is still to be drawn by someone else, and it never waits (SKIP LOCKED).
-        SELECT h.requeued_upto INTO floor_tk FROM allocator.high_water h;
+        -- by requeue_stranded). Take the oldest unheld blocks stranded below the ticket
+        -- position: those whose claims rolled back. Only tickets requeue_stranded already
+        -- considers (requeued_upto, requeue_mark]: tickets drawn before its previous run, so
+        -- never one a claim in flight is about to take; SKIP LOCKED, so it never waits.
+        SELECT h.requeued_upto, h.requeue_mark INTO floor_tk, ceiling_tk
+          FROM allocator.high_water h;
         RETURN QUERY
         WITH stranded AS (
             SELECT b.block_id
               FROM allocator.blocks b
              WHERE b.ticket > floor_tk
-               AND b.ticket <= top_tk
+               AND b.ticket <= ceiling_tk
                AND b.claimed_at IS NULL
              ORDER BY b.ticket
              LIMIT n - claimed
@@ -122,7 +132,7 @@ BEGIN
     IF p_epoch IS NULL OR p_epoch <= 0 OR p_holder IS NULL OR length(p_holder) = 0 THEN
         RAISE EXCEPTION 'take_fence needs a positive epoch and a holder name' USING ERRCODE = 'AL103';
     END IF;
-    SELECT f.epoch INTO prev FROM allocator.fence f;
+    SELECT f.epoch INTO prev FROM allocator.fence f FOR UPDATE;
     UPDATE allocator.fence f
        SET epoch = p_epoch, holder = p_holder, host = p_host, pid = p_pid,
            taken_at = statement_timestamp()
@@ -176,8 +186,11 @@ BEGIN
         RAISE EXCEPTION 'fenced: epoch % does not hold the fence', p_epoch
             USING ERRCODE = 'AL100', HINT = 'this node is no longer leader; it must stop writing';
     END IF;
-    IF n = 0 OR n <> coalesce(cardinality(p_last_ids), 0) THEN
-        RAISE EXCEPTION 'block batch must be two non-empty arrays of equal length' USING ERRCODE = 'AL103';
+    IF n = 0 OR n <> coalesce(cardinality(p_last_ids), 0)
+       OR array_ndims(p_first_ids) <> 1 OR array_ndims(p_last_ids) <> 1
+       OR array_lower(p_first_ids, 1) <> 1 OR array_lower(p_last_ids, 1) <> 1 THEN
+        RAISE EXCEPTION 'block batch must be two non-empty one-dimensional arrays of equal length, indexed from 1'
+            USING ERRCODE = 'AL103';
     END IF;
     IF EXISTS (
         SELECT 1
@@ -223,6 +236,8 @@ RETURNS integer
 LANGUAGE plpgsql
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off  -- the ticket window is narrow; never scan claimed history
+SET jit = off             -- (the disabled seqscan's cost would trigger JIT compilation)
 AS $fn$
 DECLARE
     mark        allocator.high_water%ROWTYPE;
@@ -284,3 +299,57 @@ AS $fn$
     ON CONFLICT (sampled_at) DO NOTHING;
     DELETE FROM allocator.pool_samples WHERE sampled_at < clock_timestamp() - interval '1 hour';
 $fn$;
+
+
+-- Unclaimed blocks and IDs. Every block with a ticket <= requeued_upto is claimed (or held
+-- by a claim in flight), so only tickets above it are counted, through the ticket index.
+-- enable_seqscan is off inside: the planner cannot see how narrow the range is (the floor
+-- is read at run time) and would scan the whole table, which grows with claimed history.
+CREATE FUNCTION allocator.available_blocks(OUT blocks bigint, OUT ids bigint)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET enable_seqscan = off
+SET jit = off  -- disabling seqscan inflates costs past jit_above_cost; JIT costs ~35 ms
+AS $fn$
+    SELECT count(*), coalesce(sum(b.last_id - b.first_id + 1), 0)::bigint
+      FROM allocator.blocks b
+     WHERE b.ticket > (SELECT h.requeued_upto FROM allocator.high_water h)
+       AND b.claimed_at IS NULL;
+$fn$;
+
+-- pool_status reads the ticket sequence as a relation (checked against the view owner), so
+-- consumers need no privilege on the sequence itself.
+CREATE VIEW allocator.pool_status AS
+WITH position AS (
+    SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END AS claim_position
+      FROM allocator.claim_ticket s
+), rate AS (
+    -- Tickets drawn per second since the oldest sample of the last minute (>= 1 s old).
+    -- Tickets burned by misses (empty pool, rollbacks) count too: an upper bound.
+    SELECT (p.claim_position - s.claim_position)::double precision
+           / extract(epoch FROM clock_timestamp() - s.sampled_at)::double precision
+           AS blocks_per_s
+      FROM position p,
+           LATERAL (SELECT ps.claim_position, ps.sampled_at
+                      FROM allocator.pool_samples ps
+                     WHERE ps.sampled_at BETWEEN clock_timestamp() - interval '60 seconds'
+                                             AND clock_timestamp() - interval '1 second'
+                     ORDER BY ps.sampled_at
+                     LIMIT 1) s
+)
+SELECT a.blocks AS available_blocks,
+       a.ids AS available_ids,
+       r.blocks_per_s AS claim_rate_blocks_per_s,
+       CASE WHEN r.blocks_per_s > 0 THEN a.blocks / r.blocks_per_s END AS runway_s,
+       h.last_id AS high_water_id,
+       h.last_ticket AS cut_position,
+       p.claim_position,
+       f.epoch,
+       f.holder
+  FROM allocator.available_blocks() a
+ CROSS JOIN position p
+ CROSS JOIN allocator.high_water h
+ CROSS JOIN allocator.fence f
+  LEFT JOIN rate r ON true;

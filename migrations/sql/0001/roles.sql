@@ -25,6 +25,9 @@ GRANT USAGE ON SCHEMA allocator TO allocator_consumer, allocator_node, allocator
 -- Consumers: claim, and look at the pool. Nothing else.
 GRANT EXECUTE ON FUNCTION allocator.claim_blocks(text, integer) TO allocator_consumer;
 GRANT SELECT ON allocator.pool_status TO allocator_consumer;
+-- pool_status calls this read-only counter with the reader's privileges.
+GRANT EXECUTE ON FUNCTION allocator.available_blocks()
+    TO allocator_consumer, allocator_node, allocator_operator;
 
 -- Nodes: take the fence, cut and requeue blocks, sample the pool, read what they report.
 -- They never get INSERT/UPDATE on the tables: every write goes through the fenced functions.

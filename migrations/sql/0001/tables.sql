@@ -49,7 +49,8 @@ CREATE TABLE allocator.blocks (
     CONSTRAINT blocks_ticket_unique UNIQUE (ticket),
     -- I1 enforced by the database: no two retained blocks overlap, whatever wrote them.
     -- (Blocks already pruned by retention are covered by the high-water check in cut_blocks.)
-    CONSTRAINT blocks_no_overlap EXCLUDE USING gist (int8range(first_id, last_id, '[]') WITH &&)
+    -- numrange, not int8range: '[first, last]' of a block ending at 2^63-1 would overflow.
+    CONSTRAINT blocks_no_overlap EXCLUDE USING gist (numrange(first_id, last_id, '[]') WITH &&)
 ) WITH (fillfactor = 50);
 COMMENT ON TABLE allocator.blocks IS
     'Cut blocks of Snowflake IDs; claims update claimed_by/claimed_at in place (HOT).';
@@ -81,41 +82,3 @@ SELECT b.block_id, b.first_id, b.last_id, b.last_id - b.first_id + 1 AS size,
 CREATE VIEW allocator.leader_history AS
 SELECT t.epoch, t.holder, t.host, t.pid, t.elected_at, t.ended_at, t.end_reason
   FROM allocator.leader_terms t;
-
--- pool_status reads the ticket sequence as a relation (checked against the view owner), so
--- consumers need no privilege on the sequence itself.
-CREATE VIEW allocator.pool_status AS
-WITH position AS (
-    SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END AS claim_position
-      FROM allocator.claim_ticket s
-), available AS (
-    SELECT count(*) AS blocks, coalesce(sum(b.last_id - b.first_id + 1), 0)::bigint AS ids
-      FROM allocator.blocks b, allocator.high_water h
-     WHERE b.ticket > h.requeued_upto AND b.claimed_at IS NULL
-), rate AS (
-    -- claims per second since the oldest sample of the last minute (at least 1 s old)
-    SELECT (p.claim_position - s.claim_position)::double precision
-           / extract(epoch FROM clock_timestamp() - s.sampled_at)::double precision
-           AS blocks_per_s
-      FROM position p,
-           LATERAL (SELECT ps.claim_position, ps.sampled_at
-                      FROM allocator.pool_samples ps
-                     WHERE ps.sampled_at BETWEEN clock_timestamp() - interval '60 seconds'
-                                             AND clock_timestamp() - interval '1 second'
-                     ORDER BY ps.sampled_at
-                     LIMIT 1) s
-)
-SELECT a.blocks AS available_blocks,
-       a.ids AS available_ids,
-       r.blocks_per_s AS claim_rate_blocks_per_s,
-       CASE WHEN r.blocks_per_s > 0 THEN a.blocks / r.blocks_per_s END AS runway_s,
-       h.last_id AS high_water_id,
-       h.last_ticket AS cut_position,
-       p.claim_position,
-       f.epoch,
-       f.holder
-  FROM available a
- CROSS JOIN position p
- CROSS JOIN allocator.high_water h
- CROSS JOIN allocator.fence f
-  LEFT JOIN rate r ON true;

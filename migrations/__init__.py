@@ -1,0 +1,1 @@
+"""Alembic environment and versions of the allocator schema (shipped as allocator.migrations)."""

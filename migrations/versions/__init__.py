@@ -1,0 +1,1 @@
+"""Alembic versions; each executes its SQL from ../sql/<revision>/."""
