@@ -8,10 +8,13 @@ Rules:
   creates and fills the pool (and may be called again after :meth:`close`); the context
   manager does both. Operations may run from several threads at once (the pool is shared);
   ``open``/``close`` are not meant to race with them.
-- Every operation is one statement on an autocommit connection, hence its own transaction:
-  a fenced function locks the fence row on the caller's exact epoch, checks, writes and
-  advances the mark inside the statement that commits it (DESIGN §3). Nothing stays open
-  between operations, so a paused node holds no lock. The one exception is
+- Every operation is one statement in its own short transaction: a fenced function locks
+  the fence row on the caller's exact epoch, checks, writes and advances the mark (DESIGN
+  §3). Fenced writes take ``commit_if``, asked right before COMMIT: a node whose leadership
+  came into doubt while the statement ran (ZooKeeper SUSPENDED) rolls the write back
+  (:class:`WriteAbandonedError`) instead of committing it (I6). Nothing stays open between
+  operations, so a paused node holds a lock at most for ``idle_in_transaction_session_timeout``.
+  The one exception is
   :meth:`NodeDatabase.take_fence`, which raises its own ``lock_timeout`` for the length of
   its transaction (below).
 - Every pool connection is configured (``configure`` callback) with ``statement_timeout``
@@ -36,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime
@@ -58,6 +61,7 @@ from allocator.errors import (
     FencedError,
     InvalidBatchError,
     StaleTakeoverError,
+    WriteAbandonedError,
 )
 
 log = logging.getLogger(__name__)
@@ -190,6 +194,15 @@ def _translated(what: str) -> Iterator[None]:
         raise translate(exc, what) from exc
 
 
+CommitCheck = Callable[[], bool]
+"""Asked right before COMMIT of a fenced write; False rolls the write back (leadership doubt)."""
+
+
+def _check_before_commit(what: str, commit_if: CommitCheck | None) -> None:
+    if commit_if is not None and not commit_if():
+        raise WriteAbandonedError(f"{what}: abandoned before commit, leadership is in doubt")
+
+
 def _check_ids(ranges: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]:
     firsts = [first for first, _ in ranges]
     lasts = [last for _, last in ranges]
@@ -315,19 +328,35 @@ class NodeDatabase:
             with pool.connection() as conn:
                 yield conn
 
-    def _row(self, what: str, query: str, params: Mapping[str, Any], kind: type[_T]) -> _T:
+    def _row(
+        self,
+        what: str,
+        query: str,
+        params: Mapping[str, Any],
+        kind: type[_T],
+        commit_if: CommitCheck | None = None,
+    ) -> _T:
         with (
             self._connection(what) as conn,
+            conn.transaction(),
             conn.cursor(row_factory=class_row(kind)) as cursor,
         ):
             row = cursor.execute(query, params).fetchone()
+            _check_before_commit(what, commit_if)
         if row is None:
             raise DatabaseError(f"{what}: the database returned no row")
         return row
 
-    def _scalar(self, what: str, query: str, params: Mapping[str, Any] | None = None) -> Any:
-        with self._connection(what) as conn:
+    def _scalar(
+        self,
+        what: str,
+        query: str,
+        params: Mapping[str, Any] | None = None,
+        commit_if: CommitCheck | None = None,
+    ) -> Any:
+        with self._connection(what) as conn, conn.transaction():
             row = conn.execute(query, params).fetchone()
+            _check_before_commit(what, commit_if)
         if row is None:
             raise DatabaseError(f"{what}: the database returned no row")
         return row[0]
@@ -355,7 +384,12 @@ class NodeDatabase:
             raise DatabaseError(f"{what}: the database returned no row")
         return row
 
-    def cut_blocks(self, epoch: int, ranges: Sequence[tuple[int, int]]) -> CutResult:
+    def cut_blocks(
+        self,
+        epoch: int,
+        ranges: Sequence[tuple[int, int]],
+        commit_if: CommitCheck | None = None,
+    ) -> CutResult:
         """Write a batch of blocks ``[(first_id, last_id), …]`` (ascending) in one statement.
 
         Raises :class:`FencedError` (``epoch`` no longer holds the fence),
@@ -364,13 +398,20 @@ class NodeDatabase:
         """
         firsts, lasts = _check_ids(ranges)
         params = {"epoch": epoch, "first_ids": firsts, "last_ids": lasts}
-        return self._row("cut blocks", sql.CUT_BLOCKS, params, CutResult)
+        return self._row("cut blocks", sql.CUT_BLOCKS, params, CutResult, commit_if)
 
-    def requeue_stranded(self, epoch: int) -> int:
+    def requeue_stranded(self, epoch: int, commit_if: CommitCheck | None = None) -> int:
         """Give stranded unclaimed blocks fresh tickets (fenced); how many moved."""
-        return int(self._scalar("requeue stranded blocks", sql.REQUEUE_STRANDED, {"epoch": epoch}))
+        params = {"epoch": epoch}
+        return int(self._scalar("requeue stranded blocks", sql.REQUEUE_STRANDED, params, commit_if))
 
-    def prune_claimed(self, epoch: int, claimed_before: datetime, limit: int) -> int:
+    def prune_claimed(
+        self,
+        epoch: int,
+        claimed_before: datetime,
+        limit: int,
+        commit_if: CommitCheck | None = None,
+    ) -> int:
         """Delete at most ``limit`` blocks claimed before ``claimed_before`` (fenced); how many.
 
         ``claimed_before`` must carry a time zone (a naive one would be read in the
@@ -379,7 +420,7 @@ class NodeDatabase:
         if claimed_before.tzinfo is None or claimed_before.utcoffset() is None:
             raise ValueError("claimed_before must be timezone-aware")
         params = {"epoch": epoch, "claimed_before": claimed_before, "limit": limit}
-        return int(self._scalar("prune claimed blocks", sql.PRUNE_CLAIMED, params))
+        return int(self._scalar("prune claimed blocks", sql.PRUNE_CLAIMED, params, commit_if))
 
     def end_term(self, epoch: int, reason: str) -> bool:
         """Mark the term of ``epoch`` ended; False when it was already ended or is unknown."""

@@ -144,6 +144,10 @@ class TimeRangeExhaustedError(AllocatorError):
     exit_code = 78  # EX_CONFIG: only another layout (a new cluster) can continue
 
 
+class WriteAbandonedError(AllocatorError):
+    """A fenced write rolled back before commit because leadership came into doubt (I6)."""
+
+
 def describe(exc: BaseException) -> str:
     """One line: each message's first line, then its cause chain (``a: b: c``), no traceback.
 

@@ -496,3 +496,20 @@ def test_closed_database_refuses_operations_and_can_reopen(db: NodeDatabase) -> 
 def test_read_status_on_an_unmigrated_database_says_to_migrate(empty_db_url: str) -> None:
     with pytest.raises(DatabaseError, match="allocator migrate"):
         read_status(empty_db_url)
+
+
+def test_a_write_whose_leadership_came_into_doubt_is_rolled_back(db_url: str) -> None:
+    """I6: commit_if is asked right before COMMIT; False leaves nothing written."""
+    from pydantic import SecretStr
+
+    from allocator.config import PostgresConfig
+    from allocator.db import NodeDatabase
+    from allocator.errors import WriteAbandonedError
+
+    with NodeDatabase(PostgresConfig(url=SecretStr(db_url)), node_name="doubt") as db:
+        db.take_fence(42, "doubt", "h", 1)
+        with pytest.raises(WriteAbandonedError):
+            db.cut_blocks(42, [(1000, 1099)], commit_if=lambda: False)
+        assert db.high_water_id() == -1
+        result = db.cut_blocks(42, [(1000, 1099)], commit_if=lambda: True)
+        assert result.high_water_id == 1099
