@@ -144,6 +144,12 @@ class TimeRangeExhaustedError(AllocatorError):
     exit_code = 78  # EX_CONFIG: only another layout (a new cluster) can continue
 
 
+class ZooKeeperUnavailableError(AllocatorError):
+    """No ZooKeeper server answered in time."""
+
+    exit_code = 75  # EX_TEMPFAIL
+
+
 class WriteAbandonedError(AllocatorError):
     """A fenced write rolled back before commit because leadership came into doubt (I6)."""
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from allocator.commands import config_cmd, decode, demo, local, migrate_cmd
+from allocator.commands import config_cmd, decode, demo, local, migrate_cmd, run
 
 COMMANDS: list[click.Command] = [
     config_cmd.config,
@@ -12,4 +12,5 @@ COMMANDS: list[click.Command] = [
     demo.demo,
     local.local,
     migrate_cmd.migrate_command,
+    run.run,
 ]

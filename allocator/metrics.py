@@ -1,0 +1,68 @@
+"""Prometheus metrics of one node, in a registry of its own (no global state).
+
+Rules: names are ``allocator_*`` with units in the name; counters end in ``_total``. Every
+metric an alert rule uses (deploy/prometheus) is listed here and nowhere else. A node
+creates one :class:`NodeMetrics`; tests create as many as they like.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import Enum as EnumMetric
+
+SESSION_STATES = ["connecting", "connected", "suspended", "lost"]
+
+
+class NodeMetrics:
+    """The metrics a node exports on ``/metrics``."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.is_leader = Gauge("allocator_is_leader", "1 while this node may write", registry=r)
+        self.fence_epoch = Gauge(
+            "allocator_fence_epoch",
+            "Epoch (czxid) of this node's current term, 0 if none",
+            registry=r,
+        )
+        self.session = EnumMetric(
+            "allocator_zookeeper_session",
+            "ZooKeeper session state",
+            states=SESSION_STATES,
+            registry=r,
+        )
+        self.terms = Counter("allocator_terms", "Leadership terms begun by this node", registry=r)
+        self.blocks_cut = Counter("allocator_blocks_cut", "Blocks cut and committed", registry=r)
+        self.ids_cut = Counter("allocator_ids_cut", "IDs in blocks cut and committed", registry=r)
+        self.fenced_writes_rejected = Counter(
+            "allocator_fenced_writes_rejected",
+            "Writes PostgreSQL rejected because this node's epoch no longer holds the fence",
+            registry=r,
+        )
+        self.writes_abandoned = Counter(
+            "allocator_writes_abandoned",
+            "Writes rolled back because leadership came into doubt before commit",
+            registry=r,
+        )
+        self.clock_behind = Gauge(
+            "allocator_clock_behind_alert",
+            "1 while cutting is refused because the clock is behind the high-water mark",
+            registry=r,
+        )
+        self.time_range_exhausted = Gauge(
+            "allocator_time_range_exhausted",
+            "1 when the layout's time bits have run out: no block can be cut",
+            registry=r,
+        )
+        self.pool_available_blocks = Gauge(
+            "allocator_pool_available_blocks", "Unclaimed blocks in the pool", registry=r
+        )
+        self.pool_runway_seconds = Gauge(
+            "allocator_pool_runway_seconds", "Pool runway at the observed claim rate", registry=r
+        )
+        self.refill_seconds = Histogram(
+            "allocator_refill_duration_seconds", "Time of one refill run", registry=r
+        )
+        self.job_errors = Counter(
+            "allocator_job_errors", "Scheduled job runs that failed", ["job"], registry=r
+        )

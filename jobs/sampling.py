@@ -1,0 +1,32 @@
+"""Pool sampling: record the ticket positions for the claim rate, export the pool gauges,
+and wake the refill job early when the pool falls below its low watermark.
+
+Rules: the sample is not a block write (it fences nothing), but only the leader samples so
+the rate is not counted twice; it never waits on ``busy`` (refill may hold it).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from allocator.errors import DatabaseUnavailableError
+from jobs.context import LeaderContext
+
+log = logging.getLogger(__name__)
+
+
+def run(ctx: LeaderContext) -> None:
+    if not ctx.term.may_write():
+        return
+    try:
+        ctx.db.record_pool_sample()
+        status = ctx.db.pool_status()
+    except DatabaseUnavailableError as exc:
+        log.warning("event=sampling_failed error=%s", exc)
+        return
+    ctx.metrics.pool_available_blocks.set(status.available_blocks)
+    if status.runway_s is not None:
+        ctx.metrics.pool_runway_seconds.set(status.runway_s)
+    if status.available_blocks < ctx.config.pool.low_watermark_blocks:
+        log.info("event=pool_low available_blocks=%s", status.available_blocks)
+        ctx.wake_refill()
