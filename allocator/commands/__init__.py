@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from allocator.commands import config_cmd, decode, demo, local, migrate_cmd, run
+from allocator.commands import config_cmd, decode, demo, local, migrate_cmd, run, status
 
 COMMANDS: list[click.Command] = [
     config_cmd.config,
@@ -13,4 +13,7 @@ COMMANDS: list[click.Command] = [
     local.local,
     migrate_cmd.migrate_command,
     run.run,
+    status.status,
+    status.step_down,
+    status.watch,
 ]

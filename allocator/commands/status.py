@@ -1,0 +1,133 @@
+"""``allocator status``, ``allocator watch`` and ``allocator step-down``.
+
+Rules: read-only except step-down, which asks the current leader (found in the election
+znodes' data) over its admin HTTP with ``node.admin_token``; ``--json`` prints DESIGN
+§10's keys; ``watch`` prints a line per change of leader or epoch as it happens and a pool
+line every few seconds, and stops after ``--duration`` seconds or on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import click
+
+from allocator import config as config_mod
+from allocator.errors import AllocatorError, UsageError
+
+WATCH_INTERVAL_S = 0.25
+POOL_LINE_EVERY_S = 5.0
+
+
+@click.command("status")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+@config_mod.config_options
+def status(as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]) -> None:
+    """Leader, contenders in election order, pool level and the last handovers."""
+    from allocator.status import gather
+
+    config = config_mod.load_from_options(config_path, set_pairs)
+    data = gather(config).to_json()
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    leader = data["leader"]
+    if leader:
+        click.echo(
+            f"leader      {leader['name']} (pid {leader['pid']} on {leader['host']}), "
+            f"epoch {leader['epoch']}, since {leader['since']}"
+        )
+    else:
+        click.echo("leader      none")
+    click.echo("contenders  " + ", ".join(c["name"] for c in data["contenders"]) or "none")
+    pool = data["pool"]
+    runway = "unknown" if pool["runway_s"] is None else f"{pool['runway_s']:.0f} s"
+    click.echo(
+        f"pool        {pool['available_blocks']} blocks, {pool['available_ids']} IDs, "
+        f"runway {runway}, high-water mark {pool['high_water_id']}"
+    )
+    click.echo("handovers")
+    for term in data["handovers"]:
+        click.echo(
+            f"  epoch {term['epoch']:<14} {term['holder']:<16} elected {term['elected_at']}"
+            f"  ended {term['ended_at'] or '-'} ({term['end_reason'] or 'leading'})"
+        )
+
+
+@click.command("watch")
+@click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+@config_mod.config_options
+def watch(duration: float | None, config_path: Path | None, set_pairs: tuple[str, ...]) -> None:
+    """Live view of leadership and pool: handovers as they happen."""
+    from allocator.status import gather
+
+    config = config_mod.load_from_options(config_path, set_pairs)
+    started = time.monotonic()
+    last_leader: tuple[object, object] | None = None
+    last_pool_line = 0.0
+    try:
+        while duration is None or time.monotonic() - started < duration:
+            try:
+                data = gather(config, history_limit=1).to_json()
+            except AllocatorError as exc:
+                click.echo(f"{_now()} unavailable: {exc}")
+                time.sleep(1.0)
+                continue
+            leader = data["leader"]
+            key = (leader and leader["name"], leader and leader["epoch"])
+            if key != last_leader:
+                who = "none" if not leader else f"{leader['name']} epoch {leader['epoch']}"
+                queue = " > ".join(c["name"] for c in data["contenders"]) or "-"
+                click.echo(f"{_now()} leader {who}   queue: {queue}")
+                last_leader = key
+            if time.monotonic() - last_pool_line >= POOL_LINE_EVERY_S:
+                pool = data["pool"]
+                click.echo(f"{_now()} pool {pool['available_blocks']} blocks")
+                last_pool_line = time.monotonic()
+            time.sleep(WATCH_INTERVAL_S)
+    except KeyboardInterrupt:
+        pass
+
+
+@click.command("step-down")
+@click.option("--timeout", type=float, default=5.0, help="HTTP timeout in seconds.")
+@config_mod.config_options
+def step_down(timeout: float, config_path: Path | None, set_pairs: tuple[str, ...]) -> None:
+    """Ask the current leader to hand over at once (needs node.admin_token)."""
+    from allocator.status import read_contenders_once
+
+    config = config_mod.load_from_options(config_path, set_pairs)
+    token = config.node.admin_token.get_secret_value()
+    if not token:
+        raise UsageError("node.admin_token is not set (ALLOCATOR_NODE_ADMIN_TOKEN)")
+    contenders = read_contenders_once(config)
+    if not contenders:
+        raise AllocatorError("no node is in the election")
+    leader = contenders[0].identity
+    if not leader.admin_address.startswith("http://"):
+        raise AllocatorError(f"leader {leader.name} publishes no admin URL")
+    request = urllib.request.Request(  # noqa: S310 (scheme checked above)
+        f"{leader.admin_address}/step-down",
+        method="POST",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+            body = json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        raise AllocatorError(
+            f"leader {leader.name} refused: HTTP {exc.code} {exc.read()!r}"
+        ) from exc
+    except OSError as exc:
+        raise AllocatorError(
+            f"cannot reach leader {leader.name} at {leader.admin_address}"
+        ) from exc
+    click.echo(f"{leader.name} is stepping down: {body}")
+
+
+def _now() -> str:
+    return time.strftime("%H:%M:%S")
