@@ -31,6 +31,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -52,7 +53,7 @@ from allocator.errors import (
 )
 from allocator.leadership import SessionGuard, Term
 from allocator.metrics import NodeMetrics
-from jobs.context import LeaderContext
+from jobs.context import LeaderContext, wall_clock_ms
 from jobs.leader import LeaderJobs
 
 log = logging.getLogger(__name__)
@@ -67,8 +68,16 @@ JOB_STOP_TIMEOUT_S = 10.0
 
 
 class Node:
-    def __init__(self, config: Config, *, host: str | None = None, pid: int | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        *,
+        host: str | None = None,
+        pid: int | None = None,
+        now_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
         self._config = config
+        self._now_ms = now_ms
         self.name = config.node.resolved_name()
         self._host = host or socket.gethostname()
         self._pid = pid or os.getpid()
@@ -126,6 +135,15 @@ class Node:
         self._step_down.set()
         self._wake.set()
         return True
+
+    @property
+    def metrics(self) -> NodeMetrics:
+        return self._metrics
+
+    def session_credentials(self) -> tuple[int, bytes] | None:
+        """(session id, password) of the live ZooKeeper session: for forced-expiry drills."""
+        client_id: tuple[int, bytes] | None = self._zk.client_id
+        return client_id
 
     def snapshot(self) -> dict[str, Any]:
         term = self._term
@@ -221,7 +239,14 @@ class Node:
         )
         log.info("event=fence_taken name=%s epoch=%s", self.name, token)
         self._jobs.start(
-            LeaderContext(term, self._db, self._config, self._metrics, on_fenced=self._on_fenced)
+            LeaderContext(
+                term,
+                self._db,
+                self._config,
+                self._metrics,
+                on_fenced=self._on_fenced,
+                now_ms=self._now_ms,
+            )
         )
         reason = self._watch_term(term, election)
         term.end(reason)

@@ -1,0 +1,206 @@
+"""Nodes in threads against the real ensemble and PostgreSQL: election, fence, self-stop.
+
+Faults here use real mechanisms: a forced server-side session expiry (a second client on
+the victim's session id, then closed: KAZOO-NOTES "Testing"), a fence moved under the
+leader's feet, a leader whose clock is behind the mark. Waits poll observable state with a
+deadline; nothing sleeps to let things settle.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from kazoo.client import KazooClient
+
+from allocator.config import Config, load_config
+from allocator.node import EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node
+from jobs.context import wall_clock_ms
+from tests.fixtures.pg import claim
+
+pytestmark = pytest.mark.integration
+
+DEADLINE_S = 30.0
+SESSION_TIMEOUT_MS = 2000
+
+
+def wait_for(condition: Callable[[], Any], what: str, deadline_s: float = DEADLINE_S) -> Any:
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class RunningNode:
+    def __init__(self, node: Node) -> None:
+        self.node = node
+        self.exit_code: int | None = None
+        self.thread = threading.Thread(target=self._run, name=f"node-{node.name}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.exit_code = self.node.run()
+
+    def stop(self) -> int | None:
+        self.node.request_stop()
+        self.thread.join(DEADLINE_S)
+        assert not self.thread.is_alive(), f"{self.node.name} did not stop"
+        return self.exit_code
+
+
+@pytest.fixture
+def make_node(db_url: str, zk_hosts: str) -> Iterator[Callable[..., RunningNode]]:
+    running: list[RunningNode] = []
+
+    def make(name: str, now_ms: Callable[[], int] = wall_clock_ms, **overrides: Any) -> RunningNode:
+        settings = {
+            "zookeeper.hosts": zk_hosts,
+            "zookeeper.session_timeout_ms": SESSION_TIMEOUT_MS,
+            "postgres.url": db_url,
+            "node.name": name,
+            "node.admin_address": "127.0.0.1:0",
+            "pool.min_blocks": 40,
+            "pool.low_watermark_blocks": 10,
+            "pool.refill_interval_s": 0.2,
+            "pool.sample_interval_s": 0.5,
+            **overrides,
+        }
+        config: Config = load_config(None, settings, env={})
+        node = RunningNode(Node(config, now_ms=now_ms))
+        running.append(node)
+        return node
+
+    yield make
+    for node in running:
+        if node.thread.is_alive():
+            node.stop()
+
+
+def fence(db_url: str) -> tuple[int, str | None]:
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SELECT epoch, holder FROM allocator.fence").fetchone()
+    assert row is not None
+    return int(row[0]), row[1]
+
+
+def available(db_url: str) -> int:
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SELECT available_blocks FROM allocator.pool_status").fetchone()
+    return int(row[0]) if row else 0
+
+
+def ledger(db_url: str) -> list[tuple[int, int, int, int]]:
+    with psycopg.connect(db_url) as conn:
+        rows = conn.execute(
+            "SELECT block_id, first_id, last_id, epoch"
+            " FROM allocator.block_ledger ORDER BY block_id"
+        ).fetchall()
+    return [(int(a), int(b), int(c), int(d)) for a, b, c, d in rows]
+
+
+def assert_ledger_sound(db_url: str) -> None:
+    """I1/I2 on the ledger: ranges disjoint, first IDs strictly increasing in cut order."""
+    rows = ledger(db_url)
+    for (_, _, prev_last, _), (_, first, last, _) in itertools.pairwise(rows):
+        assert first > prev_last
+        assert last >= first
+
+
+def expire_session(zk_hosts: str, node: Node) -> None:
+    """A real server-side expiry: attach to the victim's session, then close it."""
+    credentials = node.session_credentials()
+    assert credentials is not None
+    thief = KazooClient(hosts=zk_hosts, client_id=credentials)
+    thief.start(timeout=15)
+    thief.stop()
+    thief.close()
+
+
+def test_one_leader_fills_the_pool_and_hands_over_on_shutdown(
+    make_node: Callable[..., RunningNode], db_url: str
+) -> None:
+    first = make_node("a")
+    wait_for(lambda: fence(db_url)[1] == "a", "a to take the fence")
+    second = make_node("b")
+    wait_for(lambda: available(db_url) >= 40, "the pool to fill")
+    wait_for(lambda: second.node.snapshot()["role"] == "follower", "b to queue")
+    epoch_a = fence(db_url)[0]
+    assert first.stop() == EXIT_OK
+    wait_for(lambda: fence(db_url)[1] == "b", "b to take over")
+    assert fence(db_url)[0] > epoch_a
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        claim(conn, "app", 30)
+    wait_for(lambda: available(db_url) >= 40, "b to refill")
+    assert_ledger_sound(db_url)
+    with psycopg.connect(db_url) as conn:
+        history = conn.execute(
+            "SELECT holder, end_reason FROM allocator.leader_history ORDER BY epoch"
+        ).fetchall()
+    assert history[0] == ("a", "shutdown")
+    assert history[1] == ("b", None)
+
+
+def test_leader_whose_session_expires_stops_itself(
+    make_node: Callable[..., RunningNode], db_url: str, zk_hosts: str
+) -> None:
+    leader = make_node("a")
+    wait_for(lambda: fence(db_url)[1] == "a", "a to lead")
+    follower = make_node("b")
+    wait_for(lambda: follower.node.snapshot()["role"] == "follower", "b to queue")
+    expire_session(zk_hosts, leader.node)
+    leader.thread.join(DEADLINE_S)
+    assert leader.exit_code == EXIT_SESSION_LOST
+    wait_for(lambda: fence(db_url)[1] == "b", "b to take over")
+    assert_ledger_sound(db_url)
+
+
+def test_rejoin_mode_reenters_the_election_with_a_new_session(
+    make_node: Callable[..., RunningNode], db_url: str, zk_hosts: str
+) -> None:
+    node = make_node("a", **{"node.on_session_loss": "rejoin"})
+    wait_for(lambda: fence(db_url)[1] == "a", "a to lead")
+    first_epoch = fence(db_url)[0]
+    expire_session(zk_hosts, node.node)
+    wait_for(lambda: fence(db_url)[0] > first_epoch, "a to lead again with a new epoch")
+    assert node.thread.is_alive()
+    assert fence(db_url)[1] == "a"
+
+
+def test_leader_fenced_by_a_newer_epoch_exits(
+    make_node: Callable[..., RunningNode], db_url: str
+) -> None:
+    leader = make_node("a")
+    wait_for(lambda: available(db_url) >= 40, "the pool to fill")
+    epoch = fence(db_url)[0]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        # someone else takes the fence (as a newer leader would) ...
+        conn.execute("SELECT allocator.take_fence(%s, 'usurper', 'h', 1)", (epoch + 1000,))
+        claim(conn, "app", 35)  # ... and the pool runs low, so `a` tries to write
+    leader.thread.join(DEADLINE_S)
+    assert leader.exit_code == EXIT_FENCED
+    assert all(block_epoch == epoch for *_, block_epoch in ledger(db_url))
+    registry = leader.node.metrics.registry
+    assert (registry.get_sample_value("allocator_fenced_writes_rejected_total") or 0) >= 1
+
+
+def test_leader_with_a_clock_behind_the_mark_refuses_and_the_pool_keeps_serving(
+    make_node: Callable[..., RunningNode], db_url: str
+) -> None:
+    first = make_node("a")
+    wait_for(lambda: available(db_url) >= 40, "the pool to fill")
+    assert first.stop() == EXIT_OK
+    mark_before = ledger(db_url)[-1][2]
+    behind = make_node("late", now_ms=lambda: wall_clock_ms() - 60_000)
+    wait_for(lambda: fence(db_url)[1] == "late", "the late node to lead")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert len(claim(conn, "app", 10)) == 10  # the pool still serves
+    wait_for(lambda: behind.node.metrics.clock_behind._value.get() == 1, "the clock-behind alert")
+    assert ledger(db_url)[-1][2] == mark_before  # nothing cut behind the mark
