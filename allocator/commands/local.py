@@ -1,23 +1,30 @@
-"""``allocator local``: the embedded cluster (ZooKeeper ensemble + PostgreSQL on 127.0.0.1).
+"""``allocator local``: the embedded cluster (ZooKeeper ensemble, PostgreSQL, nodes on 127.0.0.1).
 
 Rules: a thin layer over :class:`allocator.local.cluster.LocalCluster`; every subcommand
 takes ``--state-dir`` (default ``.run``, env ``ALLOCATOR_LOCAL_STATE_DIR``), so several
 clusters run side by side and any shell can inspect or stop one. ``up`` and ``status`` print
-a short table, or with ``--json`` one object with DESIGN §10's keys. The drill commands
-(``zk-stop``/``zk-start``, ``pg-stop``/``pg-start``) act on one server by its recorded pid.
+a short table, or with ``--json`` one object with DESIGN §10's keys (the nodes' admin token
+appears only there). ``up`` runs 3 nodes for a new cluster (``--nodes``; as recorded for an
+existing one). The drill commands act on one process by its recorded pid: ``zk-stop``/
+``zk-start``, ``pg-stop``/``pg-start``, ``node-stop``/``node-start`` (through the node
+supervisor, which then neither restarts nor forgets the node) and ``node-signal``.
 Errors are :class:`allocator.errors.AllocatorError` subclasses: one line, non-zero exit.
 """
 
 from __future__ import annotations
 
 import json
+import shlex
+import signal
 from pathlib import Path
 from typing import Any
 
 import click
 
+from allocator.errors import UsageError
+from allocator.local import nodes as nodes_mod
 from allocator.local import postgres
-from allocator.local.cluster import ClusterInfo, LocalCluster
+from allocator.local.cluster import MAX_NODES, ClusterInfo, LocalCluster, NodeInfo
 
 STATE_DIR_ENV = "ALLOCATOR_LOCAL_STATE_DIR"
 DEFAULT_STATE_DIR = Path(".run")
@@ -77,6 +84,38 @@ def local() -> None:
     show_envvar=True,
     help="ZooKeeper client port of a new cluster, once per server. [default: free ports]",
 )
+@click.option(
+    "--nodes",
+    type=click.IntRange(0, MAX_NODES),
+    default=None,
+    show_envvar=True,
+    help=f"Allocator nodes to run under the supervisor; 0 for none. [default: "
+    f"{nodes_mod.DEFAULT_NODES} for a new cluster, else as recorded]",
+)
+@click.option(
+    "--session-timeout-ms",
+    type=click.IntRange(min=1),
+    default=None,
+    show_envvar=True,
+    help=f"The nodes' ZooKeeper session timeout. [default: "
+    f"{nodes_mod.DEFAULT_SESSION_TIMEOUT_MS}, or as recorded]",
+)
+@click.option(
+    "--node-command",
+    default=None,
+    show_envvar=True,
+    help="Command line of each node, split like a shell would. [default: "
+    "`<this python> -m allocator.cli run`, or as recorded]",
+)
+@click.option(
+    "--node-env",
+    "node_env",
+    multiple=True,
+    metavar="NAME=VALUE",
+    show_envvar=True,
+    help="An extra environment variable for every node (e.g. ALLOCATOR_POOL_MIN_BLOCKS=8); "
+    "repeatable; replaces the recorded set when given.",
+)
 @_state_dir_option
 @_json_option
 @click.option(
@@ -90,26 +129,48 @@ def up(
     tick_ms: int | None,
     pg_port: int | None,
     zk_ports: tuple[int, ...],
+    nodes: int | None,
+    session_timeout_ms: int | None,
+    node_command: str | None,
+    node_env: tuple[str, ...],
     state_dir: Path,
     as_json: bool,
     migrate: bool,
 ) -> None:
-    """Start the cluster (or what of it is not running) and wait until it serves."""
+    """Start the cluster (or what of it is not running), wait until it serves, start nodes."""
+    command = shlex.split(node_command) if node_command is not None else None
+    if command is not None and not command:
+        raise UsageError("--node-command is empty")
     cluster = LocalCluster(
         state_dir,
         zk_servers,
         tick_ms=tick_ms,
         pg_port=pg_port,
         zk_client_ports=zk_ports or None,
+        node_command=command,
+        node_env=_parse_env(node_env) if node_env else None,
+        session_timeout_ms=session_timeout_ms,
     )
-    _emit(cluster.up(migrate=migrate), as_json)
+    if nodes is None and not cluster.exists():
+        nodes = nodes_mod.DEFAULT_NODES
+    _emit(cluster.up(migrate=migrate, nodes=nodes), as_json)
+
+
+def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
+    env: dict[str, str] = {}
+    for pair in pairs:
+        name, equals, value = pair.partition("=")
+        if not equals or not name:
+            raise UsageError(f"--node-env {pair!r}: expected NAME=VALUE")
+        env[name] = value
+    return env
 
 
 @local.command("status")
 @_state_dir_option
 @_json_option
 def status(state_dir: Path, as_json: bool) -> None:
-    """Show the cluster's servers, ports, pids and whether they run."""
+    """Show the cluster's servers and nodes: ports, pids, states, restarts."""
     _emit(LocalCluster(state_dir).status(), as_json)
 
 
@@ -183,6 +244,64 @@ def pg_start(state_dir: Path) -> None:
     click.echo("PostgreSQL running")
 
 
+@local.command("node-stop")
+@click.argument("name", metavar="NAME")
+@click.option(
+    "--kill",
+    is_flag=True,
+    show_envvar=True,
+    help="SIGKILL instead of SIGTERM (a crash instead of a graceful stop).",
+)
+@_state_dir_option
+def node_stop(name: str, kill: bool, state_dir: Path) -> None:
+    """Stop node NAME and keep it stopped until node-start (or up)."""
+    node = LocalCluster(state_dir).stop_node(name, kill=kill)
+    click.echo(f"{name} stopped ({'SIGKILL' if kill else 'SIGTERM'}); {_exit_text(node)}")
+
+
+@local.command("node-start")
+@click.argument("name", metavar="NAME")
+@_state_dir_option
+def node_start(name: str, state_dir: Path) -> None:
+    """Start node NAME again after node-stop."""
+    node = LocalCluster(state_dir).start_node(name)
+    click.echo(f"{name} running, pid {node.pid}")
+
+
+@local.command("node-signal")
+@click.argument("name", metavar="NAME")
+@click.argument(
+    "signal_name",
+    metavar="SIGNAL",
+    type=click.Choice(nodes_mod.DRILL_SIGNALS, case_sensitive=False),
+)
+@_state_dir_option
+def node_signal(name: str, signal_name: str, state_dir: Path) -> None:
+    """Send SIGNAL to node NAME (a drill). After SIGKILL or SIGTERM the supervisor restarts
+    it; after SIGSTOP it stays paused until SIGCONT."""
+    pid = LocalCluster(state_dir).signal_node(name, signal_name.upper())
+    click.echo(f"{signal_name.upper()} sent to {name} (pid {pid})")
+
+
+def _exit_text(node: NodeInfo) -> str:
+    code = node.last_exit_code
+    if code is None:
+        return "no exit recorded"
+    return f"last exit {_exit_label(code)}"
+
+
+def _exit_label(code: int | None) -> str:
+    """``0``, ``3``, ``SIGKILL``: an exit code, or the signal that ended the process."""
+    if code is None:
+        return "-"
+    if code < 0:
+        try:
+            return signal.Signals(-code).name
+        except ValueError:
+            return f"signal {-code}"
+    return str(code)
+
+
 def _emit(info: ClusterInfo, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info.to_json(), indent=2))
@@ -211,11 +330,22 @@ def render(info: ClusterInfo) -> list[str]:
     state = "running" if pg.running else "stopped"
     lines += [
         f"PostgreSQL   pid {pid(pg.pid)}, port {pg.port}, {state} (OS user {pg.os_user})",
-        f"database     {info.database_url}",
-        f"nodes        {len(info.nodes) or 'none'}",
+        f"database     {info.database_url}  (superuser)",
+        f"  node role  {info.node_database_url}",
+        f"  app role   {info.consumer_database_url}",
+        f"nodes        {len(info.nodes) or 'none'}"
+        + (
+            f"  (ZooKeeper {info.node_zk_hosts}, session timeout {info.session_timeout_ms} ms, "
+            f"supervisor pid {pid(info.supervisor_pid)})"
+            if info.nodes
+            else ""
+        ),
     ]
+    if info.nodes:
+        lines.append(f"  {'name':<10}{'pid':<9}{'state':<12}{'admin':<24}{'restarts':<10}last exit")
     lines += [
-        f"  {n.get('name', '?')}  pid {pid(n.get('pid'))}  {n.get('admin_url', '')}"
+        f"  {n.name:<10}{pid(n.pid):<9}{n.state:<12}{n.admin_url:<24}{n.restarts:<10}"
+        + _exit_label(n.last_exit_code)
         for n in info.nodes
     ]
     return lines

@@ -1,8 +1,10 @@
-"""The embedded cluster behind ``allocator local``: ZooKeeper and PostgreSQL on loopback.
+"""The embedded cluster behind ``allocator local``: ZooKeeper, PostgreSQL and nodes on loopback.
 
 One module per job: :mod:`~allocator.local.ports` (free loopback ports),
 :mod:`~allocator.local.processes` (daemons by pid), :mod:`~allocator.local.zookeeper`,
-:mod:`~allocator.local.postgres`, and :mod:`~allocator.local.cluster` (the manager,
+:mod:`~allocator.local.postgres`, :mod:`~allocator.local.nodes` (node specs, environment,
+``nodes.json``), :mod:`~allocator.local.supervisor` (the process that runs and restarts the
+nodes), and :mod:`~allocator.local.cluster` (the manager,
 :class:`~allocator.local.cluster.LocalCluster`, and its ``cluster.json`` record). Tests,
 demo, drills and benchmarks all use this one manager. Layout on disk: deploy/local/README.md.
 """

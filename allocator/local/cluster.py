@@ -1,26 +1,42 @@
-"""The embedded cluster: a ZooKeeper ensemble and a PostgreSQL server under one state folder.
+"""The embedded cluster: a ZooKeeper ensemble, a PostgreSQL server and allocator nodes.
 
 Rules:
 
 - Everything lives in the state folder: ``cluster.json`` (the record), ``.lock``,
-  ``zk/<id>/`` and ``pg/`` (see ``deploy/local/README.md``). Several clusters run side by side
-  in different state folders; every port is picked free at creation and then recorded.
-- ``cluster.json`` is the one source of truth: ports, tick, OS user, and for every process
-  its pid and argv. It is rewritten atomically right after each process starts or stops, so
-  another process (``allocator local status|down``), or a later ``up`` after a crash of the
-  manager half-way, sees exactly what was started. A process counts as running only while
-  its recorded pid still runs its recorded argv (:mod:`allocator.local.processes`).
+  ``zk/<id>/``, ``pg/`` and ``nodes/`` (see ``deploy/local/README.md``). Several clusters
+  run side by side in different state folders; every port is picked free at creation and
+  then recorded.
+- ``cluster.json`` is the one source of truth for what was started and what is wanted:
+  ports, tick, OS user, for every server and for the node supervisor its pid and argv, and
+  for every node its spec and desired state (:mod:`allocator.local.nodes`). It is rewritten
+  atomically right after each process starts or stops, so another process (``allocator
+  local status|down``), or a later ``up`` after a crash of the manager half-way, sees
+  exactly what was started. A process counts as running only while its recorded pid still
+  runs its recorded argv (:mod:`allocator.local.processes`). What the nodes do is in
+  ``nodes/nodes.json``, written by the supervisor only.
 - Commands that start or stop processes hold an exclusive ``flock`` on ``.lock``;
-  ``status`` only reads.
+  ``status`` and ``signal_node`` only read.
 - ``up`` is idempotent: live processes are left alone; dead ones restart on their recorded
   ports with their data kept; a recorded port now taken by someone else is an error naming
   the port; a ``zk_servers`` or ``tick_ms`` different from the recorded one is an error.
-  Prerequisites and ports are checked before anything starts, and a failing ``up`` stops
-  what it started itself, so it leaves nothing half-running behind.
-- ``down`` stops by pid, nodes first (none yet; ``nodes`` stays an empty list), then
-  PostgreSQL (fast shutdown), then ZooKeeper (SIGTERM, all at once), SIGKILL after a timeout.
-  It is harmless when nothing runs and keeps the data unless ``purge``; purging removes only
-  what the cluster created, never other files in the state folder.
+  Prerequisites and ports are checked before anything starts, and a failing server start
+  stops what it started itself, so it leaves nothing half-running behind. Then migrations
+  (optional), the login roles (``allocator_node_login``, ``allocator_app``; created when
+  their groups exist), then the nodes.
+- Nodes (``nodes`` > 0) run under a supervisor process (:mod:`allocator.local.supervisor`)
+  that restarts any node that exits. Node settings (count, command, extra environment,
+  session timeout) are recorded; ``up`` with other settings restarts the supervisor and its
+  nodes with the new ones. ``up`` also starts every node that was stopped on request, and
+  returns once the supervisor has started every node (not waiting for them to serve).
+- ``down`` stops by pid: the supervisor first (it stops its nodes: SIGTERM, SIGKILL after
+  their shutdown timeout + 2 s, 12 s by default), then any node still alive that
+  ``nodes.json`` lists (the supervisor was killed), then PostgreSQL (fast shutdown), then
+  ZooKeeper (SIGTERM, all at once), SIGKILL after a timeout. A pid is forgotten only once
+  its process is confirmed gone: what could not be stopped (no permission, survived
+  SIGKILL) stays recorded and ``down`` raises after trying everything else, so a later
+  ``down`` retries it. ``down`` is harmless when nothing runs
+  and keeps the data unless ``purge``; purging removes only what the cluster created, never
+  other files in the state folder.
 - Use as a context manager in tests: ``with LocalCluster(dir) as cluster:`` runs ``up`` and
   always ``down``, also when ``up`` fails half-way.
 """
@@ -32,17 +48,19 @@ import fcntl
 import json
 import logging
 import os
+import secrets
 import shutil
 import signal
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from allocator.errors import LocalClusterError, UsageError
+from allocator.errors import LocalClusterError, ServerStartError, UsageError
+from allocator.local import nodes as nodes_mod
 from allocator.local import ports, postgres, processes, zookeeper
 from allocator.local.ports import LOOPBACK
 from allocator.local.postgres import StopMode
@@ -58,8 +76,15 @@ DEFAULT_START_TIMEOUT_S = 60.0
 LOCK_TIMEOUT_S = 120.0
 LOCK_POLL_INTERVAL_S = 0.05
 ZK_STOP_TIMEOUT_S = 10.0
-NODE_STOP_TIMEOUT_S = 15.0
+# On top of the nodes' stop timeout: the supervisor's SIGKILL wait, then its own exit.
+SUPERVISOR_STOP_MARGIN_S = nodes_mod.KILL_TIMEOUT_S + 5.0
 ROLLBACK_STOP_TIMEOUT_S = 5.0
+MAX_NODES = 32
+APPLY_POLL_INTERVAL_S = 0.05
+LOGIN_ROLES = (
+    (nodes_mod.NODE_LOGIN_ROLE, "allocator_node"),
+    (nodes_mod.CONSUMER_LOGIN_ROLE, "allocator_consumer"),
+)
 MIN_CLIENT_CHECK_S = 5.0
 _CREATED_SUBTREES = ("zk", "pg", "nodes")
 
@@ -92,20 +117,69 @@ class PostgresInfo:
 
 
 @dataclass(frozen=True)
+class NodeInfo:
+    """One allocator node as ``status`` sees it; ``pid`` is None when it is not running.
+
+    ``state``: running, paused (SIGSTOPped), restarting (exited, restart pending), stopping,
+    stopped (on request), down (no supervisor) or orphaned (no supervisor, still alive:
+    ``down`` stops it). ``last_exit_code`` is negative for a signal (-9: SIGKILL).
+    """
+
+    name: str
+    pid: int | None
+    admin_address: str
+    admin_url: str
+    state: str
+    restarts: int
+    last_exit_code: int | None
+    log: Path
+
+    @property
+    def running(self) -> bool:
+        """True if the node process is alive (paused counts)."""
+        return self.pid is not None
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"name", "pid", "admin_url"}`` (DESIGN §10) and more."""
+        return {
+            "name": self.name,
+            "pid": self.pid,
+            "admin_url": self.admin_url,
+            "admin_address": self.admin_address,
+            "state": self.state,
+            "restarts": self.restarts,
+            "last_exit_code": self.last_exit_code,
+            "running": self.running,
+            "log": str(self.log),
+        }
+
+
+@dataclass(frozen=True)
 class ClusterInfo:
-    """What ``up`` and ``status`` report; :meth:`to_json` has DESIGN §10's keys."""
+    """What ``up`` and ``status`` report; :meth:`to_json` has DESIGN §10's keys.
+
+    ``node_zk_hosts``, ``node_database_url`` are what the nodes use (the cluster's chroot,
+    the ``allocator_node_login`` role); ``consumer_database_url`` is for applications
+    (``allocator_app``, may only claim). ``admin_token`` authorises node admin actions.
+    """
 
     state_dir: Path
     zk_hosts: str
     database_url: str
     zk_servers: tuple[ZkServerInfo, ...]
     postgres: PostgresInfo
-    nodes: tuple[dict[str, Any], ...]
+    nodes: tuple[NodeInfo, ...]
     tick_ms: int
+    node_zk_hosts: str = ""
+    node_database_url: str = ""
+    consumer_database_url: str = ""
+    admin_token: str = ""
+    session_timeout_ms: int = nodes_mod.DEFAULT_SESSION_TIMEOUT_MS
+    supervisor_pid: int | None = None
 
     @property
     def running(self) -> bool:
-        """True if every server is running."""
+        """True if every server is running (nodes aside: see each node's ``state``)."""
         return self.postgres.running and all(s.running for s in self.zk_servers)
 
     def to_json(self) -> dict[str, Any]:
@@ -136,7 +210,13 @@ class ClusterInfo:
                 "data_dir": str(self.postgres.data_dir),
                 "log": str(self.postgres.log),
             },
-            "nodes": [dict(node) for node in self.nodes],
+            "nodes": [node.to_json() for node in self.nodes],
+            "node_zk_hosts": self.node_zk_hosts,
+            "node_database_url": self.node_database_url,
+            "consumer_database_url": self.consumer_database_url,
+            "admin_token": self.admin_token,
+            "session_timeout_ms": self.session_timeout_ms,
+            "supervisor_pid": self.supervisor_pid,
             "tick_ms": self.tick_ms,
             "running": self.running,
         }
@@ -171,15 +251,20 @@ class _State:
     os_user: str
     zk: list[_ZkRecord]
     postgres: _PgRecord
-    nodes: list[dict[str, Any]]
     created_at: str
-    manager_pid: int
+    admin_token: str
+    nodes: list[nodes_mod.NodeSpec] = field(default_factory=list)
+    node_generation: int = 0
+    supervisor: _Proc = field(default_factory=_Proc)
+    # Node settings as asked for; None: the default (resolved when the specs are built).
+    node_command: list[str] | None = None
+    node_env: dict[str, str] = field(default_factory=dict)
+    session_timeout_ms: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
             "version": STATE_VERSION,
             "created_at": self.created_at,
-            "manager_pid": self.manager_pid,
             "tick_ms": self.tick_ms,
             "superuser": self.superuser,
             "os_user": self.os_user,
@@ -200,7 +285,13 @@ class _State:
                 "pid": self.postgres.proc.pid,
                 "argv": self.postgres.proc.argv,
             },
-            "nodes": self.nodes,
+            "admin_token": self.admin_token,
+            "node_command": self.node_command,
+            "node_env": self.node_env,
+            "session_timeout_ms": self.session_timeout_ms,
+            "supervisor": {"pid": self.supervisor.pid, "argv": self.supervisor.argv},
+            "node_generation": self.node_generation,
+            "nodes": [spec.to_json() for spec in self.nodes],
         }
 
     @classmethod
@@ -208,6 +299,9 @@ class _State:
         if raw.get("version") != STATE_VERSION:
             raise ValueError(f"unknown record version {raw.get('version')!r}")
         pg = raw["postgres"]
+        supervisor = raw.get("supervisor") or {}
+        command = raw.get("node_command")
+        timeout = raw.get("session_timeout_ms")
         return cls(
             tick_ms=int(raw["tick_ms"]),
             superuser=str(raw["superuser"]),
@@ -227,9 +321,15 @@ class _State:
             postgres=_PgRecord(
                 int(pg["port"]), str(pg["data_dir"]), _Proc(pg["pid"], [str(a) for a in pg["argv"]])
             ),
-            nodes=list(raw.get("nodes", [])),
             created_at=str(raw.get("created_at", "")),
-            manager_pid=int(raw.get("manager_pid", 0)),
+            # Records from before the nodes had none; one is made up when nodes first start.
+            admin_token=str(raw.get("admin_token", "")),
+            nodes=[nodes_mod.NodeSpec.from_json(n) for n in raw.get("nodes", [])],
+            node_generation=int(raw.get("node_generation", 0)),
+            supervisor=_Proc(supervisor.get("pid"), [str(a) for a in supervisor.get("argv", [])]),
+            node_command=[str(a) for a in command] if command is not None else None,
+            node_env={str(k): str(v) for k, v in dict(raw.get("node_env") or {}).items()},
+            session_timeout_ms=int(timeout) if timeout is not None else None,
         )
 
 
@@ -242,6 +342,13 @@ class LocalCluster:
     ``$ALLOCATOR_ZK_JAVA_DIR``) is where the ZooKeeper jars are; ``pg_bin_dir`` (or
     ``$ALLOCATOR_PG_BIN_DIR``) the PostgreSQL binaries; ``zk_jvm_options`` are added to the
     java command line.
+
+    Nodes: ``nodes`` is how many ``up`` runs unless it is told otherwise (None: as
+    recorded, none for a new cluster); ``node_command`` the argv of each node (None: as
+    recorded, else ``python -m allocator.cli run``); ``node_env`` extra variables for every
+    node, e.g. ``{"ALLOCATOR_POOL_MIN_BLOCKS": "8"}`` (None: as recorded);
+    ``session_timeout_ms`` the nodes' ZooKeeper session timeout (None: as recorded, else
+    4000 ms).
     """
 
     def __init__(
@@ -258,6 +365,10 @@ class LocalCluster:
         start_timeout_s: float = DEFAULT_START_TIMEOUT_S,
         migrate_on_enter: bool = True,
         purge_on_exit: bool = False,
+        nodes: int | None = None,
+        node_command: Sequence[str] | None = None,
+        node_env: Mapping[str, str] | None = None,
+        session_timeout_ms: int | None = None,
     ) -> None:
         if zk_servers is None and zk_client_ports is not None:
             zk_servers = len(zk_client_ports)
@@ -273,6 +384,11 @@ class LocalCluster:
             )
         if tick_ms is not None and tick_ms < 1:
             raise UsageError(f"tick must be at least 1 ms, not {tick_ms}")
+        _check_node_count(nodes)
+        if node_command is not None and not node_command:
+            raise UsageError("the node command must not be empty")
+        if session_timeout_ms is not None and session_timeout_ms < 1:
+            raise UsageError(f"session timeout must be at least 1 ms, not {session_timeout_ms}")
         self.state_dir = Path(state_dir).expanduser().resolve()
         self._zk_servers = zk_servers
         self._tick_ms = tick_ms
@@ -284,6 +400,15 @@ class LocalCluster:
         self._start_timeout_s = start_timeout_s
         self._migrate_on_enter = migrate_on_enter
         self._purge_on_exit = purge_on_exit
+        self._nodes = nodes
+        self._node_command = list(node_command) if node_command is not None else None
+        try:
+            self._node_env = (
+                nodes_mod.validate_extra_env(node_env) if node_env is not None else None
+            )
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+        self._session_timeout_ms = session_timeout_ms
 
     # -- public API -------------------------------------------------------------------------
 
@@ -296,8 +421,14 @@ class LocalCluster:
         """True if a cluster is recorded in the state folder."""
         return self.state_file.is_file()
 
-    def up(self, migrate: bool = True) -> ClusterInfo:
-        """Start whatever is not running, wait until it serves, apply migrations."""
+    def up(self, migrate: bool = True, nodes: int | None = None) -> ClusterInfo:
+        """Start whatever is not running, wait until it serves, apply migrations, start nodes.
+
+        ``nodes`` is how many nodes to run (None: the constructor's, else as recorded, none
+        for a new cluster); ``0`` stops any.
+        """
+        _check_node_count(nodes)
+        count = nodes if nodes is not None else self._nodes
         self.state_dir.mkdir(parents=True, exist_ok=True)
         with self._locked():
             state = self._load()
@@ -306,10 +437,11 @@ class LocalCluster:
             else:
                 self._check_request(state)
             self._start_missing(state)
-            info = self._info(state)
-        if migrate:
-            _apply_migrations(info.database_url)
-        return info
+            if migrate:
+                _apply_migrations(postgres.database_url(state.superuser, state.postgres.port))
+            postgres.ensure_login_roles(state.postgres.port, state.superuser, LOGIN_ROLES)
+            self._start_nodes(state, count)
+            return self._info(state)
 
     def status(self) -> ClusterInfo:
         """What is recorded and what of it runs (ZooKeeper modes included)."""
@@ -326,6 +458,53 @@ class LocalCluster:
                 if purge:
                     self._purge(state)
 
+    def stop_node(self, name: str, *, kill: bool = False) -> NodeInfo:
+        """Stop node ``name`` and keep it stopped (SIGTERM, or SIGKILL with ``kill``).
+
+        The supervisor does it and never restarts it until :meth:`start_node` (or ``up``).
+        """
+        with self._locked():
+            state = self._require_state()
+            spec = _node_spec(state, name)
+            self._require_supervisor(state)
+            spec.run = False
+            spec.stop_signal = "SIGKILL" if kill else "SIGTERM"
+            self._request_nodes(state, _nodes_stop_timeout_s(state))
+            return self._node_info(state, name)
+
+    def start_node(self, name: str) -> NodeInfo:
+        """Start node ``name`` again after :meth:`stop_node` (no-op if it runs)."""
+        with self._locked():
+            state = self._require_state()
+            spec = _node_spec(state, name)
+            self._require_supervisor(state)
+            spec.run = True
+            self._request_nodes(state, self._start_timeout_s)
+            return self._node_info(state, name)
+
+    def signal_node(self, name: str, sig: signal.Signals | str) -> int:
+        """Send ``sig`` (SIGSTOP, SIGCONT, SIGKILL or SIGTERM) to node ``name``; its pid.
+
+        A drill: after SIGKILL or SIGTERM the supervisor restarts the node as after any
+        exit; after SIGSTOP it stays paused (alive) until SIGCONT.
+        """
+        try:
+            signum = nodes_mod.signal_by_name(sig) if isinstance(sig, str) else sig
+        except KeyError:
+            signum = None
+        if signum is None or signum.name not in nodes_mod.DRILL_SIGNALS:
+            raise UsageError(f"node signals are {', '.join(nodes_mod.DRILL_SIGNALS)}, not {sig}")
+        state = self._require_state()
+        _node_spec(state, name)
+        runtime = nodes_mod.read_runtime(self.state_dir)
+        record = runtime.node(name) if runtime is not None else None
+        if record is None or record.pid is None or not record.alive():
+            raise LocalClusterError(f"{name} is not running (see `allocator local status`)")
+        if not processes.send_signal(record.pid, record.argv, signum, record.started):
+            raise LocalClusterError(f"{name} (pid {record.pid}) exited before {signum.name}")
+        log.info("node_signalled name=%s pid=%d signal=%s", name, record.pid, signum.name)
+        return record.pid
+
     def stop_zk(self, server_id: int, *, kill: bool = True) -> None:
         """Stop one ZooKeeper server: SIGKILL (a crash) by default, else SIGTERM."""
         with self._locked():
@@ -336,9 +515,8 @@ class LocalCluster:
                 record.proc.argv,
                 sig=signal.SIGKILL if kill else signal.SIGTERM,
                 timeout_s=ZK_STOP_TIMEOUT_S,
-                pid_path=zookeeper.pid_path(self.state_dir, server_id),
             )
-            record.proc.pid = None
+            _forget_if_gone(record.proc)
             self._save(state)
 
     def start_zk(self, server_id: int) -> None:
@@ -372,8 +550,8 @@ class LocalCluster:
             )
         with self._locked():
             state = self._require_state()
-            postgres.stop(state.postgres.proc.pid, state.postgres.proc.argv, self.state_dir, mode)
-            state.postgres.proc.pid = None
+            postgres.stop(state.postgres.proc.pid, state.postgres.proc.argv, mode)
+            _forget_if_gone(state.postgres.proc)
             self._save(state)
 
     def start_postgres(self) -> None:
@@ -440,9 +618,8 @@ class LocalCluster:
             os_user=user.name,
             zk=[_ZkRecord(s, _Proc()) for s in servers],
             postgres=_PgRecord(pg_port, str(postgres.pg_dir(self.state_dir) / "data"), _Proc()),
-            nodes=[],
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
-            manager_pid=os.getpid(),
+            admin_token=_new_token(),
         )
 
     def _check_request(self, state: _State) -> None:
@@ -471,7 +648,6 @@ class LocalCluster:
             _check_zk_ports(record)
         if pg_todo:
             ports.ensure_free(state.postgres.port, "PostgreSQL port")
-        state.manager_pid = os.getpid()
         self._save(state)
         deadline = time.monotonic() + self._start_timeout_s
         started_zk: list[int] = []
@@ -535,20 +711,19 @@ class LocalCluster:
                     proc.argv,
                     sig=postgres.stop_signal("immediate"),
                     timeout_s=ROLLBACK_STOP_TIMEOUT_S,
-                    pid_path=postgres.pid_path(self.state_dir),
                 )
-                proc.pid = None
             records = [r for r in state.zk if r.server.id in zk_ids]
             processes.stop_all(
                 [(r.proc.pid, r.proc.argv) for r in records if r.proc.pid is not None],
                 timeout_s=ROLLBACK_STOP_TIMEOUT_S,
             )
-            for record in records:
-                record.proc.pid = None
-                processes.remove_pid_file(zookeeper.pid_path(self.state_dir, record.server.id))
-            self._save(state)
         except Exception:
             log.exception("rollback_failed state=%s", self.state_dir)
+        finally:
+            _forget_if_gone(state.postgres.proc)
+            for record in state.zk:
+                _forget_if_gone(record.proc)
+            self._save(state)
 
     def _zk_runtime(self) -> zookeeper.Runtime:
         return zookeeper.find_runtime(self._zk_java_dir, self._zk_jvm_options)
@@ -562,6 +737,168 @@ class LocalCluster:
                 f", but would now run as {user.name!r}; run as the user who created it"
             )
         return bin_dir, user
+
+    # -- nodes ------------------------------------------------------------------------------
+
+    def _start_nodes(self, state: _State, count: int | None) -> None:
+        """Bring the nodes to ``count`` (None: as recorded), all running; see the rules."""
+        if self._node_command is not None:
+            state.node_command = list(self._node_command)
+        if self._node_env is not None:
+            state.node_env = dict(self._node_env)
+        if self._session_timeout_ms is not None:
+            state.session_timeout_ms = self._session_timeout_ms
+        wanted = self._node_specs(state, len(state.nodes) if count is None else count)
+        supervising = state.supervisor.alive()
+        if supervising and nodes_mod.specs_differ(state.nodes, wanted):
+            log.info("nodes_reconfigured state=%s: restarting the supervisor", self.state_dir)
+            self._stop_supervisor(state)
+            supervising = False
+        state.nodes = wanted
+        if not wanted:
+            self._save(state)
+            return
+        if supervising:
+            self._request_nodes(state, self._start_timeout_s)
+            return
+        # Nodes a killed supervisor left behind would hold the admin ports (and a name).
+        nodes_mod.stop_recorded(self.state_dir, _nodes_stop_timeout_s(state))
+        for spec in wanted:
+            ports.ensure_free(spec.admin_port, f"{spec.name} admin port")
+        zookeeper.ensure_path(_zk_hosts(state), nodes_mod.DEFAULT_CHROOT, self._start_timeout_s)
+        state.node_generation += 1
+        self._save(state)
+        daemon = processes.start(
+            nodes_mod.supervisor_command(self.state_dir),
+            log_path=nodes_mod.supervisor_log_path(self.state_dir),
+            env=nodes_mod.base_env(os.environ),
+            cwd=self.state_dir,
+        )
+        state.supervisor = _Proc(daemon.pid, list(daemon.argv))
+        self._save(state)
+        log.info("supervisor_started pid=%d nodes=%d", daemon.pid, len(wanted))
+        try:
+            self._wait_applied(state, self._start_timeout_s)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self._stop_supervisor(state)
+            raise
+
+    def _node_specs(self, state: _State, count: int) -> list[nodes_mod.NodeSpec]:
+        """Specs of ``node-1``… ``node-<count>``, all to run; recorded admin ports are kept."""
+        timeout_ms = state.session_timeout_ms or nodes_mod.DEFAULT_SESSION_TIMEOUT_MS
+        bounds = zookeeper.limits(state.tick_ms)
+        if count and not bounds["minSessionTimeout"] <= timeout_ms <= bounds["maxSessionTimeout"]:
+            raise UsageError(
+                f"a session timeout of {timeout_ms} ms is outside what this cluster's ZooKeeper "
+                f"grants ({bounds['minSessionTimeout']}..{bounds['maxSessionTimeout']} ms at a "
+                f"{state.tick_ms} ms tick)"
+            )
+        if count and not state.admin_token:
+            state.admin_token = _new_token()
+        recorded = {spec.name: spec.admin_port for spec in state.nodes}
+        names = [nodes_mod.node_name(i) for i in range(1, count + 1)]
+        taken = set(recorded.values()) | {state.postgres.port}
+        for record in state.zk:
+            server = record.server
+            taken |= {server.client_port, server.peer_port, server.election_port}
+        fresh = iter(_pick_ports(sum(n not in recorded for n in names), exclude=taken))
+        argv = state.node_command or nodes_mod.default_command()
+        zk_hosts = _zk_hosts(state) + nodes_mod.DEFAULT_CHROOT
+        db_url = nodes_mod.login_url(
+            nodes_mod.NODE_LOGIN_ROLE, state.postgres.port, postgres.DATABASE
+        )
+        specs = []
+        for name in names:
+            port = recorded[name] if name in recorded else next(fresh)
+            env = nodes_mod.node_env(
+                name=name,
+                zk_hosts=zk_hosts,
+                postgres_url=db_url,
+                admin_port=port,
+                admin_token=state.admin_token,
+                session_timeout_ms=timeout_ms,
+                extra=state.node_env,
+            )
+            specs.append(nodes_mod.NodeSpec(name, port, list(argv), env))
+        return specs
+
+    def _request_nodes(self, state: _State, timeout_s: float) -> None:
+        """Publish the changed desired states and wait until the supervisor carried them out."""
+        state.node_generation += 1
+        self._save(state)
+        self._wait_applied(state, timeout_s)
+
+    def _wait_applied(self, state: _State, timeout_s: float) -> nodes_mod.Runtime:
+        sup = state.supervisor
+        deadline = time.monotonic() + timeout_s
+        log_path = nodes_mod.supervisor_log_path(self.state_dir)
+        while True:
+            runtime = nodes_mod.read_runtime(self.state_dir)
+            if (
+                runtime is not None
+                and runtime.supervisor_pid == sup.pid
+                and runtime.applied_generation >= state.node_generation
+            ):
+                return runtime
+            if not sup.alive():
+                raise ServerStartError(
+                    f"the node supervisor (pid {sup.pid}) exited; last lines of {log_path}:\n"
+                    + processes.tail(log_path)
+                )
+            if time.monotonic() >= deadline:
+                raise LocalClusterError(
+                    f"the node supervisor (pid {sup.pid}) did not carry out the request within "
+                    f"{timeout_s:.0f} s; see {log_path}"
+                )
+            time.sleep(APPLY_POLL_INTERVAL_S)
+
+    def _require_supervisor(self, state: _State) -> None:
+        if not state.supervisor.alive():
+            raise LocalClusterError(
+                f"the nodes of {self.state_dir} are not supervised (cluster down, or the "
+                f"supervisor was killed): `allocator local up --state-dir {self.state_dir}` "
+                "starts them"
+            )
+
+    def _node_info(self, state: _State, name: str) -> NodeInfo:
+        return next(n for n in self._info(state).nodes if n.name == name)
+
+    def _nodes_info(self, state: _State) -> tuple[NodeInfo, ...]:
+        runtime = nodes_mod.read_runtime(self.state_dir)
+        supervised = (
+            state.supervisor.alive()
+            and runtime is not None
+            and runtime.supervisor_pid == state.supervisor.pid
+        )
+        infos = []
+        for spec in state.nodes:
+            record = runtime.node(spec.name) if runtime is not None else None
+            alive = record is not None and record.alive()
+            pid = record.pid if record is not None and alive else None
+            if not supervised:
+                node_state = nodes_mod.ORPHANED if alive else nodes_mod.DOWN
+            elif record is None:
+                node_state = nodes_mod.STOPPED
+            elif alive and processes.is_paused(pid):
+                node_state = nodes_mod.PAUSED
+            elif record.state == nodes_mod.RUNNING and not alive:
+                node_state = nodes_mod.RESTARTING  # exited; the supervisor is on it
+            else:
+                node_state = record.state
+            infos.append(
+                NodeInfo(
+                    name=spec.name,
+                    pid=pid,
+                    admin_address=f"{LOOPBACK}:{spec.admin_port}",
+                    admin_url=nodes_mod.admin_url(spec.admin_port),
+                    state=node_state,
+                    restarts=record.restarts if record is not None else 0,
+                    last_exit_code=record.last_exit_code if record is not None else None,
+                    log=nodes_mod.log_path(self.state_dir, spec.name),
+                )
+            )
+        return tuple(infos)
 
     # -- stopping ---------------------------------------------------------------------------
 
@@ -578,25 +915,35 @@ class LocalCluster:
                 failures.append(f"{what}: {exc}")
                 first = first or exc
 
-        node_targets = [
-            (int(n["pid"]), [str(a) for a in n.get("argv", [])])
-            for n in state.nodes
-            if n.get("pid")
-        ]
-        attempt("nodes", lambda: processes.stop_all(node_targets, timeout_s=NODE_STOP_TIMEOUT_S))
-        for node in state.nodes:
-            node["pid"] = None
+        attempt("the node supervisor", lambda: self._stop_supervisor(state))
+        # Whatever a killed supervisor left behind (or a failed stop above).
+        attempt(
+            "nodes",
+            lambda: nodes_mod.stop_recorded(self.state_dir, _nodes_stop_timeout_s(state)),
+        )
         pg = state.postgres.proc
-        attempt("PostgreSQL", lambda: postgres.stop(pg.pid, pg.argv, self.state_dir, "fast"))
-        pg.pid = None
-        zk_targets = [(r.proc.pid, r.proc.argv) for r in state.zk if r.proc.pid is not None]
+        attempt("PostgreSQL", lambda: postgres.stop(pg.pid, pg.argv, "fast"))
+        zk_targets: list[processes.Target] = [
+            (r.proc.pid, r.proc.argv) for r in state.zk if r.proc.pid is not None
+        ]
         attempt("ZooKeeper", lambda: processes.stop_all(zk_targets, timeout_s=ZK_STOP_TIMEOUT_S))
-        for record in state.zk:
-            record.proc.pid = None
-            processes.remove_pid_file(zookeeper.pid_path(self.state_dir, record.server.id))
+        # Forget only the pids whose process is confirmed gone: the others stay recorded so
+        # that a later `down` retries them (nodes.json keeps the nodes' pids the same way).
+        for proc in (state.supervisor, pg, *(r.proc for r in state.zk)):
+            _forget_if_gone(proc)
         self._save(state)
         if failures:
-            raise LocalClusterError("could not stop " + "; ".join(failures)) from first
+            raise LocalClusterError(
+                "could not stop " + "; ".join(failures) + " (still recorded: `allocator local "
+                f"down --state-dir {self.state_dir}` retries)"
+            ) from first
+
+    def _stop_supervisor(self, state: _State) -> None:
+        """SIGTERM the supervisor (it stops its nodes); SIGKILL it and its nodes if it hangs."""
+        sup = state.supervisor
+        processes.stop(sup.pid, sup.argv, timeout_s=_nodes_stop_timeout_s(state))
+        _forget_if_gone(sup)
+        self._save(state)
 
     def _purge(self, state: _State) -> None:
         relocated = postgres.relocated_data_dir(self.state_dir)
@@ -692,13 +1039,52 @@ class LocalCluster:
                 data_dir=Path(state.postgres.data_dir),
                 log=postgres.log_path(self.state_dir),
             ),
-            nodes=tuple(dict(n) for n in state.nodes),
+            nodes=self._nodes_info(state),
             tick_ms=state.tick_ms,
+            node_zk_hosts=_zk_hosts(state) + nodes_mod.DEFAULT_CHROOT,
+            node_database_url=nodes_mod.login_url(
+                nodes_mod.NODE_LOGIN_ROLE, state.postgres.port, postgres.DATABASE
+            ),
+            consumer_database_url=nodes_mod.login_url(
+                nodes_mod.CONSUMER_LOGIN_ROLE, state.postgres.port, postgres.DATABASE
+            ),
+            admin_token=state.admin_token,
+            session_timeout_ms=state.session_timeout_ms or nodes_mod.DEFAULT_SESSION_TIMEOUT_MS,
+            supervisor_pid=state.supervisor.pid if state.supervisor.alive() else None,
         )
 
 
 def _zk_hosts(state: _State) -> str:
     return ",".join(f"{LOOPBACK}:{r.server.client_port}" for r in state.zk)
+
+
+def _node_spec(state: _State, name: str) -> nodes_mod.NodeSpec:
+    for spec in state.nodes:
+        if spec.name == name:
+            return spec
+    names = ", ".join(spec.name for spec in state.nodes) or "none"
+    raise UsageError(f"no node {name!r} in this cluster (nodes: {names})")
+
+
+def _nodes_stop_timeout_s(state: _State) -> float:
+    """Long enough for the supervisor to stop every node (and SIGKILL the stubborn)."""
+    longest = max((s.stop_timeout_s for s in state.nodes), default=nodes_mod.STOP_TIMEOUT_S)
+    return longest + SUPERVISOR_STOP_MARGIN_S
+
+
+def _check_node_count(count: int | None) -> None:
+    if count is not None and not 0 <= count <= MAX_NODES:
+        raise UsageError(f"nodes must be from 0 to {MAX_NODES}, not {count}")
+
+
+def _forget_if_gone(proc: _Proc) -> None:
+    """Clear a recorded pid once its process is confirmed gone (never before)."""
+    if not proc.alive():
+        proc.pid = None
+
+
+def _new_token() -> str:
+    return secrets.token_urlsafe(24)
 
 
 def _zk_record(state: _State, server_id: int) -> _ZkRecord:

@@ -31,11 +31,6 @@ def pick_free_ports(count: int, host: str = LOOPBACK) -> list[int]:
         return ports
 
 
-def pick_free_port(host: str = LOOPBACK) -> int:
-    """Return one TCP port that is free on ``host`` right now."""
-    return pick_free_ports(1, host)[0]
-
-
 def is_free(port: int, host: str = LOOPBACK) -> bool:
     """True if a server could listen on ``host:port`` now.
 

@@ -3,7 +3,8 @@
 Rules:
 
 - Layout: ``<state>/pg/`` holds ``data/`` (``initdb``), ``postgres.log`` (the postmaster's
-  stdout and stderr; no logging collector), ``postgres.pid`` and ``initdb.log``.
+  stdout and stderr; no logging collector) and ``initdb.log``. The postmaster's pid is in
+  ``cluster.json`` (PostgreSQL's own ``data/postmaster.pid`` is PostgreSQL's business).
 - OS user: PostgreSQL refuses to run as root. When we are root, ``initdb`` and ``postgres``
   run as the OS user ``postgres``: ``<state>/pg`` is chown-ed to it, and the child process
   drops to its uid, gid and groups before ``exec`` (see :mod:`allocator.local.processes`),
@@ -18,25 +19,33 @@ Rules:
   the user's folders. ``allocator local down --purge`` removes the relocated folder too.
 - Settings live in ``data/allocator.conf``, rewritten at every start and included from
   ``postgresql.conf``: ``listen_addresses='127.0.0.1'``, the recorded port,
-  ``unix_socket_directories=''``, ``fsync``/``synchronous_commit``/``full_page_writes`` on
-  (durability tests depend on them), small memory, ``max_connections=200``.
+  ``unix_socket_directories=''``, ``max_connections=200``, and a documented block for a
+  durable but fast claim path (:data:`CLAIM_PATH_SETTINGS`): ``fsync``,
+  ``synchronous_commit`` and ``full_page_writes`` stay on (durability tests depend on them),
+  256MB shared buffers, 16MB WAL buffers, checkpoints by time (``max_wal_size=1GB``,
+  ``checkpoint_timeout=5min``), ``wal_writer_delay=10ms``, ``autovacuum_naptime=10s``.
 - The postmaster is a daemon started directly (``postgres -D``), so we hold its pid. Stop
   modes are the signals ``pg_ctl`` sends: smart = SIGTERM, fast = SIGINT, immediate =
   SIGQUIT (no shutdown checkpoint; the next start runs crash recovery).
 - Ready = a psycopg connection succeeds. The ``allocator`` database is created if missing.
+- Login roles for the nodes and for applications (:func:`ensure_login_roles`) are created
+  after the migrations, as members of the NOLOGIN groups the migrations create.
 - Missing binaries raise :class:`PrerequisiteError` naming the apt-get fix; a failed
   ``initdb`` or start raises :class:`ServerStartError` with the log tail.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import re
 import shutil
 import signal
 import tempfile
+import textwrap
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Literal
 from urllib.parse import quote
@@ -121,11 +130,6 @@ def log_path(state_dir: Path) -> Path:
     return pg_dir(state_dir) / "postgres.log"
 
 
-def pid_path(state_dir: Path) -> Path:
-    """The postmaster's pid file (ours; PostgreSQL keeps its own ``postmaster.pid``)."""
-    return pg_dir(state_dir) / "postgres.pid"
-
-
 def database_url(superuser: str, port: int, database: str = DATABASE) -> str:
     """``postgresql://<superuser>@127.0.0.1:<port>/<database>``."""
     return f"postgresql://{quote(superuser, safe='')}@{LOOPBACK}:{port}/{quote(database)}"
@@ -198,32 +202,100 @@ def initdb(
         )
 
 
+_CONF_WIDTH = 96
+
+# (setting, value, why); None as the setting starts a new commented group.
+_Setting = tuple[str | None, str, str]
+
+_SERVER_SETTINGS: tuple[_Setting, ...] = (
+    (None, "", "Reachable from this machine only, over TCP; no Unix socket."),
+    ("listen_addresses", "'127.0.0.1'", ""),
+    ("unix_socket_directories", "''", ""),
+    ("max_connections", "200", "nodes, consumers, tests and benchmark clients"),
+    ("superuser_reserved_connections", "3", ""),
+    ("work_mem", "'2MB'", ""),
+    ("maintenance_work_mem", "'32MB'", ""),
+    ("effective_cache_size", "'1GB'", "planner hint only; allocates nothing"),
+    ("min_wal_size", "'32MB'", "little WAL kept around by an idle dev cluster"),
+    ("huge_pages", "off", ""),
+    (None, "", "Logs to stderr, i.e. <state>/pg/postgres.log; times in UTC."),
+    ("logging_collector", "off", ""),
+    ("log_destination", "'stderr'", ""),
+    ("log_line_prefix", "'%m [%p] %q%u@%d '", ""),
+    ("log_timezone", "'UTC'", ""),
+    ("timezone", "'UTC'", ""),
+)
+
+# The claim path: durable, and as fast as a small (2-core) machine allows. Durability is not
+# traded for speed: a claim that returned must survive a crash (DESIGN I4), and the chaos
+# tests crash this server with `stop -m immediate` to prove it.
+CLAIM_PATH_SETTINGS: tuple[_Setting, ...] = (
+    (
+        None,
+        "",
+        "Claim path: durable (DESIGN I4), tuned for throughput on a small (2-core) machine.",
+    ),
+    ("fsync", "on", "never off: a crash would lose or corrupt committed claims"),
+    ("synchronous_commit", "on", "a commit returns only once its WAL is flushed"),
+    ("full_page_writes", "on", "no torn pages after a crash mid-write"),
+    (
+        "shared_buffers",
+        "'256MB'",
+        "the whole working set (blocks, ledger, indexes) stays in PostgreSQL's own cache, "
+        "so a claim never waits for a read through the kernel",
+    ),
+    (
+        "wal_buffers",
+        "'16MB'",
+        "room for the WAL of many concurrent claims and a leader's bulk cut between "
+        "flushes, so a backend rarely has to write WAL out before its own commit flush",
+    ),
+    (
+        "max_wal_size",
+        "'1GB'",
+        "checkpoints come from checkpoint_timeout, not from WAL volume during cutting "
+        "bursts; fewer checkpoints mean fewer full-page images in the claims' WAL",
+    ),
+    (
+        "checkpoint_timeout",
+        "'5min'",
+        "PostgreSQL's default, stated on purpose: with max_wal_size it bounds the WAL that "
+        "crash recovery replays after an immediate stop",
+    ),
+    (
+        "wal_writer_delay",
+        "'10ms'",
+        "the WAL writer wakes every 10 ms (default 200 ms) and writes out WAL in the "
+        "background, so a committing claim finds less unwritten WAL ahead of its own",
+    ),
+    (
+        "autovacuum_naptime",
+        "'10s'",
+        "claims update and retention deletes blocks all the time; autovacuum looks every "
+        "10 s (default 1 min), so dead rows do not pile up where claims scan",
+    ),
+)
+
+
 def render_settings(port: int) -> str:
-    """The text of ``allocator.conf``."""
-    settings = {
-        "listen_addresses": "'127.0.0.1'",
-        "port": str(port),
-        "unix_socket_directories": "''",
-        "max_connections": "200",
-        "superuser_reserved_connections": "3",
-        "shared_buffers": "'32MB'",
-        "work_mem": "'2MB'",
-        "maintenance_work_mem": "'32MB'",
-        "effective_cache_size": "'256MB'",
-        "min_wal_size": "'32MB'",
-        "max_wal_size": "'256MB'",
-        "fsync": "on",
-        "synchronous_commit": "on",
-        "full_page_writes": "on",
-        "huge_pages": "off",
-        "logging_collector": "off",
-        "log_destination": "'stderr'",
-        "log_line_prefix": "'%m [%p] %q%u@%d '",
-        "log_timezone": "'UTC'",
-        "timezone": "'UTC'",
-    }
-    head = "# Generated by `allocator local`; rewritten at every start. Loopback-only server.\n"
-    return head + "".join(f"{key} = {value}\n" for key, value in settings.items())
+    """The text of ``allocator.conf``: each group of settings with a comment saying why."""
+    lines = ["# Generated by `allocator local`; rewritten at every start. Loopback-only server."]
+    settings = (
+        *_SERVER_SETTINGS[:3],
+        ("port", str(port), "recorded in cluster.json"),
+        *_SERVER_SETTINGS[3:],
+        *CLAIM_PATH_SETTINGS,
+    )
+    for key, value, why in settings:
+        if key is None:
+            lines += ["", f"# {why}"]
+            continue
+        line = f"{key} = {value}" + (f"  # {why}" if why else "")
+        if len(line) > _CONF_WIDTH:  # a long reason goes above its setting, wrapped
+            lines += [f"#   {part}" for part in textwrap.wrap(why, _CONF_WIDTH - 4)]
+            line = f"{key} = {value}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
 
 
 def write_settings(data_dir: Path, port: int, user: processes.OsUser) -> None:
@@ -252,7 +324,6 @@ def start(
     daemon = processes.start(
         command(bin_dir, data_dir),
         log_path=log_path(state_dir),
-        pid_path=pid_path(state_dir),
         env=_ENV,
         cwd=Path("/"),
         user=user,
@@ -297,15 +368,9 @@ def ensure_database(port: int, superuser: str, database: str = DATABASE) -> None
         raise LocalClusterError(f"could not create database {database!r} on port {port}") from exc
 
 
-def stop(pid: int | None, argv: list[str], state_dir: Path, mode: StopMode = "fast") -> bool:
+def stop(pid: int | None, argv: list[str], mode: StopMode = "fast") -> bool:
     """Stop the postmaster with ``mode``'s signal (SIGKILL after a timeout); True if it ran."""
-    return processes.stop(
-        pid,
-        argv,
-        sig=_STOP_SIGNALS[mode],
-        timeout_s=_STOP_TIMEOUTS_S[mode],
-        pid_path=pid_path(state_dir),
-    )
+    return processes.stop(pid, argv, sig=_STOP_SIGNALS[mode], timeout_s=_STOP_TIMEOUTS_S[mode])
 
 
 def stop_signal(mode: StopMode) -> signal.Signals:
@@ -324,3 +389,44 @@ def _reachable(folder: Path, user: processes.OsUser) -> bool:
         return True
     argv = ["test", "-x", str(folder), "-a", "-w", str(folder)]
     return processes.run(argv, env=_ENV, cwd=Path("/"), user=user, timeout_s=10.0) == 0
+
+
+def ensure_login_roles(
+    port: int, superuser: str, roles: Sequence[tuple[str, str]], database: str = DATABASE
+) -> list[str]:
+    """Create each ``(login, group)`` login role ``IN ROLE group`` (idempotent).
+
+    A group that does not exist yet (the migrations create them) is skipped; returns the
+    login roles that exist afterwards. Authentication is the server's: ``trust`` on loopback.
+    """
+    url = database_url(superuser, port, database)
+    present: list[str] = []
+    try:
+        with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
+            for login, group in roles:
+                names = {
+                    str(row[0])
+                    for row in conn.execute(
+                        "SELECT rolname FROM pg_roles WHERE rolname = ANY(%s)", ([login, group],)
+                    )
+                }
+                if group not in names:
+                    log.info("login_role_skipped role=%s: group %s does not exist", login, group)
+                    continue
+                if login not in names:
+                    with contextlib.suppress(psycopg.errors.DuplicateObject):  # a racing `up`
+                        conn.execute(
+                            sql.SQL("CREATE ROLE {} LOGIN IN ROLE {}").format(
+                                sql.Identifier(login), sql.Identifier(group)
+                            )
+                        )
+                else:
+                    conn.execute(
+                        sql.SQL("GRANT {} TO {}").format(
+                            sql.Identifier(group), sql.Identifier(login)
+                        )
+                    )
+                present.append(login)
+    except psycopg.Error as exc:
+        raise LocalClusterError(f"could not create the login roles on port {port}") from exc
+    return present

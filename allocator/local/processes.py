@@ -3,17 +3,25 @@
 Rules:
 
 - A daemon starts in its own session (``start_new_session=True``): stdin from /dev/null,
-  stdout and stderr appended to its log file, a pid file next to it. It survives the manager
-  process and a terminal hang-up, so ``allocator local up`` can exit and leave it running.
+  stdout and stderr appended to its log file. It survives the manager process and a
+  terminal hang-up, so ``allocator local up`` can exit and leave it running. No pid files:
+  the caller records pid and argv (``cluster.json``, ``nodes.json``), and only that record
+  is ever read.
 - A pid alone proves nothing, pids are recycled. Every check and every signal carries the
   argv we started, compared with ``/proc/<pid>/cmdline``: a pid that now runs something else
-  is "not alive" and is never signalled. The check and the signal go through one pidfd, so
-  the process cannot be swapped in between.
+  is "not alive" and is never signalled. An empty argv or an empty cmdline (kernel threads,
+  a process already exiting) never matches. Where several processes share one argv (the
+  nodes), the record also carries the process start time (``/proc/<pid>/stat`` field 22,
+  clock ticks since boot), which a recycled pid cannot repeat. The check and the signal go
+  through one pidfd, so the process cannot be swapped in between.
 - Zombies count as dead. Children of this process are reaped when checked: their ``Popen``
   objects live in a registry until they exit, so none is garbage-collected while running.
-- :func:`stop` sends one signal (SIGTERM unless told otherwise), waits up to a timeout for
-  the exit, then SIGKILLs that process, its process group and its direct children only
-  (PostgreSQL's children each ``setsid()``, so a group kill alone would miss them).
+  :func:`spawn` is the exception: its caller owns the ``Popen`` and reaps it (the node
+  supervisor, which needs the exit codes).
+- :func:`stop` sends one signal (SIGTERM unless told otherwise) followed by SIGCONT, as
+  systemd does, so a SIGSTOPped process can act on it; waits up to a timeout for the exit,
+  then SIGKILLs that process, its process group and its direct children only (PostgreSQL's
+  children each ``setsid()``, so a group kill alone would miss them).
 - Commands that must not run as root (PostgreSQL) run as an :class:`OsUser`: the child drops
   to that user's uid, gid and groups before ``exec`` (subprocess ``user``/``group``/
   ``extra_groups``), in a working directory that user can reach.
@@ -46,6 +54,9 @@ _TAIL_READ_BYTES = 64 * 1024
 
 # Popen objects of daemons this process started and that have not been reaped yet.
 _children: dict[int, subprocess.Popen[bytes]] = {}
+
+# What :func:`stop_all` stops: (pid, argv) or (pid, argv, start time); see :func:`is_alive`.
+Target = tuple[int, Sequence[str]] | tuple[int, Sequence[str], int | None]
 
 
 @dataclass(frozen=True)
@@ -89,13 +100,39 @@ def start(
     argv: Sequence[str],
     *,
     log_path: Path,
-    pid_path: Path | None = None,
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
     user: OsUser | None = None,
 ) -> Daemon:
     """Start ``argv`` detached in its own session, output appended to ``log_path``."""
     argv = tuple(argv)
+    proc, offset = _popen(argv, log_path=log_path, env=env, cwd=cwd, user=user)
+    _children[proc.pid] = proc
+    log.debug("process_started pid=%d argv=%s", proc.pid, shlex.join(argv))
+    return Daemon(proc.pid, argv, log_path, offset)
+
+
+def spawn(
+    argv: Sequence[str],
+    *,
+    log_path: Path,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> subprocess.Popen[bytes]:
+    """Like :func:`start`, but the caller owns the ``Popen`` and must reap it (``poll``)."""
+    proc, _offset = _popen(tuple(argv), log_path=log_path, env=env, cwd=cwd, user=None)
+    log.debug("process_spawned pid=%d argv=%s", proc.pid, shlex.join(argv))
+    return proc
+
+
+def _popen(
+    argv: tuple[str, ...],
+    *,
+    log_path: Path,
+    env: Mapping[str, str] | None,
+    cwd: Path | None,
+    user: OsUser | None,
+) -> tuple[subprocess.Popen[bytes], int]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
     switch = user is not None and user.is_switch
     with log_path.open("ab") as log_file:
@@ -118,11 +155,7 @@ def start(
             )
         except OSError as exc:
             raise ServerStartError(f"could not start {argv[0]}") from exc
-    _children[proc.pid] = proc
-    if pid_path is not None:
-        write_pid_file(pid_path, proc.pid)
-    log.debug("process_started pid=%d argv=%s", proc.pid, shlex.join(argv))
-    return Daemon(proc.pid, argv, log_path, offset)
+    return proc, offset
 
 
 def run(
@@ -162,21 +195,28 @@ def run(
     return done.returncode
 
 
-def is_alive(pid: int | None, argv: Sequence[str]) -> bool:
-    """True if ``pid`` runs, is not a zombie, and still runs ``argv``."""
-    if pid is None or pid <= 0:
+def is_alive(pid: int | None, argv: Sequence[str], started: int | None = None) -> bool:
+    """True if ``pid`` runs, is not a zombie, and still runs ``argv`` (non-empty).
+
+    With ``started`` (see :func:`start_time`), the process must also have started then.
+    """
+    if pid is None or pid <= 0 or not argv:
         return False
     proc = _children.get(pid)
     if proc is not None and proc.poll() is not None:
         del _children[pid]
         return False
-    return _runs(pid, tuple(argv))
+    found = _read_proc(pid)
+    if found is None or found[0] != tuple(argv):
+        return False
+    return started is None or found[1] == started
 
 
 def is_pid_alive(pid: int | None) -> bool:
     """True if some process that is not a zombie has ``pid``, whatever it runs.
 
     For "is it gone?" checks only; never decide on a signal with it (use :func:`is_alive`).
+    A kernel thread (empty cmdline) does not count: it cannot be a process we started.
     """
     if pid is None or pid <= 0:
         return False
@@ -184,7 +224,42 @@ def is_pid_alive(pid: int | None) -> bool:
     if proc is not None and proc.poll() is not None:
         del _children[pid]
         return False
-    return _read_cmdline(pid) is not None
+    return _read_proc(pid) is not None
+
+
+def start_time(pid: int) -> int | None:
+    """When ``pid`` started, in clock ticks since boot; None if it is gone (or a zombie)."""
+    stat = _read_stat(pid)
+    return None if stat is None or stat[0] in ("Z", "X") else stat[1]
+
+
+def is_paused(pid: int | None) -> bool:
+    """True if ``pid`` is stopped by a signal (SIGSTOP, SIGTSTP: state ``T``)."""
+    stat = None if pid is None or pid <= 0 else _read_stat(pid)
+    return stat is not None and stat[0] == "T"
+
+
+def cmdline(pid: int) -> tuple[str, ...] | None:
+    """argv of ``pid`` as ``/proc`` shows it; None if gone, a zombie or a kernel thread."""
+    found = _read_proc(pid)
+    return None if found is None else found[0]
+
+
+def send_signal(
+    pid: int | None, argv: Sequence[str], sig: signal.Signals, started: int | None = None
+) -> bool:
+    """Send ``sig`` to ``pid`` only while it runs ``argv`` (and started then); True if sent."""
+    if pid is None:
+        return False
+    pidfd = _pidfd_open(pid)
+    try:
+        if not is_alive(pid, argv, started):
+            return False
+        _signal(pid, pidfd, sig)
+        return True
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)
 
 
 def stop(
@@ -193,18 +268,15 @@ def stop(
     *,
     sig: signal.Signals = signal.SIGTERM,
     timeout_s: float = 10.0,
-    pid_path: Path | None = None,
 ) -> bool:
     """Stop one process; True if it was running. See :func:`stop_all`."""
-    targets = [] if pid is None else [(pid, tuple(argv))]
+    targets: list[Target] = [] if pid is None else [(pid, tuple(argv))]
     stopped = stop_all(targets, sig=sig, timeout_s=timeout_s)
-    if pid_path is not None:
-        remove_pid_file(pid_path)
     return bool(stopped)
 
 
 def stop_all(
-    targets: Sequence[tuple[int, Sequence[str]]],
+    targets: Sequence[Target],
     *,
     sig: signal.Signals = signal.SIGTERM,
     timeout_s: float = 10.0,
@@ -212,22 +284,28 @@ def stop_all(
 ) -> list[int]:
     """Signal every live target at once, wait for all, SIGKILL the ones left; return those hit.
 
+    A signal other than SIGKILL is followed by SIGCONT, so a paused process sees it now.
     Raises :class:`LocalClusterError` if a process survives SIGKILL (it would have to be
-    stuck in the kernel), naming the pid.
+    stuck in the kernel), naming the pid. A signal we may not send (``PermissionError``)
+    propagates: the caller keeps that process recorded.
     """
     with contextlib.ExitStack() as stack:
         live: list[tuple[int, tuple[str, ...], int | None]] = []
-        for pid, argv in targets:
+        for target in targets:
+            pid, argv = target[0], tuple(target[1])
+            started = target[2] if len(target) == 3 else None
             pidfd = _pidfd_open(pid)
             if pidfd is not None:
                 stack.callback(os.close, pidfd)
-            if is_alive(pid, argv):
-                live.append((pid, tuple(argv), pidfd))
+            if is_alive(pid, argv, started):
+                live.append((pid, argv, pidfd))
         for pid, _argv, pidfd in live:
             if sig == signal.SIGKILL:
                 _kill_hard(pid, pidfd)
             else:
                 _signal(pid, pidfd, sig)
+                if sig != signal.SIGCONT:
+                    _signal(pid, pidfd, signal.SIGCONT)
         deadline = time.monotonic() + timeout_s
         stubborn = [t for t in live if not _wait_exit(t[0], t[1], t[2], deadline)]
         for pid, _argv, pidfd in stubborn:
@@ -255,37 +333,29 @@ def tail(log_path: Path, n: int = TAIL_LINES, offset: int = 0) -> str:
     return "\n".join(lines[-n:])
 
 
-def write_pid_file(path: Path, pid: int) -> None:
-    """Write ``pid`` to ``path`` atomically."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(f"{pid}\n")
-    tmp.replace(path)
-
-
-def remove_pid_file(path: Path) -> None:
-    """Remove a pid file if present."""
-    with contextlib.suppress(FileNotFoundError):
-        path.unlink()
-
-
-def _read_cmdline(pid: int) -> tuple[str, ...] | None:
-    """argv of ``pid``, or None if it does not exist or is a zombie."""
+def _read_stat(pid: int) -> tuple[str, int] | None:
+    """(state, start time) of ``pid``, from fields 3 and 22 of ``/proc/<pid>/stat``."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = stat.rpartition(")")[2].split()  # the name in parentheses may hold spaces
+    return fields[0], int(fields[19])
+
+
+def _read_proc(pid: int) -> tuple[tuple[str, ...], int] | None:
+    """(argv, start time) of ``pid``; None if it is gone, a zombie, or has no cmdline."""
+    stat = _read_stat(pid)
+    try:
         raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return None
-    state = stat.rpartition(")")[2].split()[0]
-    if state in ("Z", "X"):
+    if stat is None or stat[0] in ("Z", "X") or not raw:
         return None
     parts = raw.split(b"\0")
     if parts and parts[-1] == b"":
         parts.pop()
-    return tuple(os.fsdecode(part) for part in parts)
-
-
-def _runs(pid: int, argv: tuple[str, ...]) -> bool:
-    return _read_cmdline(pid) == argv
+    return tuple(os.fsdecode(part) for part in parts), stat[1]
 
 
 def _pidfd_open(pid: int) -> int | None:

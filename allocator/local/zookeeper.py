@@ -4,7 +4,7 @@ Rules:
 
 - One folder per server, ``<state>/zk/<id>/``: ``zoo.cfg`` (rewritten from the recorded
   ports at every start), ``data/`` (snapshots, transaction logs, ``myid``),
-  ``zookeeper.log`` (the JVM's stdout and stderr) and ``zookeeper.pid``.
+  ``zookeeper.log`` (the JVM's stdout and stderr). The pid is in ``cluster.json`` only.
 - Loopback only: ``clientPortAddress=127.0.0.1``, and ``server.N=127.0.0.1:<peer>:<election>``
   (a quorum peer binds the address it is given, ``quorumListenOnAllIPs`` stays false). The
   admin HTTP server is off (``admin.enableServer=false``; Debian lacks its servlet jars too).
@@ -132,11 +132,6 @@ def log_path(state_dir: Path, server_id: int) -> Path:
     return server_dir(state_dir, server_id) / "zookeeper.log"
 
 
-def pid_path(state_dir: Path, server_id: int) -> Path:
-    """The server's pid file."""
-    return server_dir(state_dir, server_id) / "zookeeper.pid"
-
-
 def config_path(state_dir: Path, server_id: int) -> Path:
     """The server's ``zoo.cfg``."""
     return server_dir(state_dir, server_id) / "zoo.cfg"
@@ -210,7 +205,6 @@ def start(
     return processes.start(
         command(runtime, cfg),
         log_path=log_path(state_dir, me.id),
-        pid_path=pid_path(state_dir, me.id),
         env=env,
         cwd=server_dir(state_dir, me.id),
     )
@@ -287,6 +281,23 @@ def check_client(hosts: str, timeout_s: float) -> None:
         client.sync("/")
     except (KazooException, KazooTimeoutError) as exc:
         raise ServerStartError(f"a ZooKeeper client could not connect to {hosts}") from exc
+    finally:
+        client.stop()
+        client.close()
+
+
+def ensure_path(hosts: str, path: str, timeout_s: float) -> None:
+    """Create the znode ``path`` (and its parents) on ``hosts`` if it does not exist."""
+    from kazoo.client import KazooClient
+    from kazoo.exceptions import KazooException
+    from kazoo.handlers.threading import KazooTimeoutError
+
+    client = KazooClient(hosts=hosts, timeout=max(1.0, timeout_s))
+    try:
+        client.start(timeout=max(1.0, timeout_s))
+        client.ensure_path(path)
+    except (KazooException, KazooTimeoutError) as exc:
+        raise ServerStartError(f"could not create the znode {path} on {hosts}") from exc
     finally:
         client.stop()
         client.close()

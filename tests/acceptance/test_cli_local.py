@@ -1,4 +1,8 @@
-"""``allocator local`` in subprocesses: up, status (JSON keys of DESIGN §10), drills, down."""
+"""``allocator local`` in subprocesses: up, status (JSON keys of DESIGN §10), drills, down.
+
+The node tests run a stand-in for ``allocator run`` (a Python one-liner that sleeps), given
+with ``--node-command``: what is tested here is the supervision, not the node.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +10,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +19,14 @@ import psycopg
 import pytest
 
 from allocator.local.cluster import LocalCluster
+from allocator.local.processes import is_pid_alive
 
 pytestmark = pytest.mark.integration
 
 ALLOCATOR = str(Path(sys.executable).with_name("allocator"))
 DESIGN_KEYS = {"state_dir", "zk_hosts", "database_url", "zk_servers", "postgres", "nodes"}
+NODE_KEYS = {"name", "pid", "admin_url", "restarts", "last_exit_code", "state"}
+STAND_IN = f"{sys.executable} -c 'import time; time.sleep(600)'"
 
 
 def cli(*args: str | Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -38,14 +46,6 @@ def ok(*args: str | Path, env: dict[str, str] | None = None) -> str:
     return done.stdout
 
 
-def pid_exists(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
 @pytest.fixture
 def state_dir(tmp_path: Path) -> Iterator[Path]:
     state = tmp_path / "state"
@@ -54,9 +54,8 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_up_status_drill_down(state_dir: Path) -> None:
-    up: dict[str, Any] = json.loads(
-        ok("local", "up", "--zk", "1", "--json", "--no-migrate", "--state-dir", state_dir)
-    )
+    flags = ("--zk", "1", "--nodes", "0", "--json", "--no-migrate", "--state-dir", state_dir)
+    up: dict[str, Any] = json.loads(ok("local", "up", *flags))
     assert up.keys() >= DESIGN_KEYS
     assert up["state_dir"] == str(state_dir)
     assert up["nodes"] == []
@@ -65,7 +64,7 @@ def test_up_status_drill_down(state_dir: Path) -> None:
     assert up["zk_hosts"] == f"127.0.0.1:{server['client_port']}"
     assert {"pid", "port"} <= up["postgres"].keys()
     pids = [server["pid"], up["postgres"]["pid"]]
-    assert all(pid_exists(p) for p in pids)
+    assert all(is_pid_alive(p) for p in pids)
 
     # status from another process, the state folder given through the environment
     status = json.loads(
@@ -81,19 +80,19 @@ def test_up_status_drill_down(state_dir: Path) -> None:
 
     # drills: PostgreSQL crash and restart, ZooKeeper kill and restart
     ok("local", "pg-stop", "--mode", "immediate", "--state-dir", state_dir)
-    assert not pid_exists(up["postgres"]["pid"])
+    assert not is_pid_alive(up["postgres"]["pid"])
     ok("local", "pg-start", "--state-dir", state_dir)
     with psycopg.connect(up["database_url"]) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
     ok("local", "zk-stop", "1", "--state-dir", state_dir)
-    assert not pid_exists(server["pid"])
+    assert not is_pid_alive(server["pid"])
     ok("local", "zk-start", "1", "--state-dir", state_dir)
     status = json.loads(ok("local", "status", "--json", "--state-dir", state_dir))
     assert status["running"] is True
     pids += [status["zk_servers"][0]["pid"], status["postgres"]["pid"]]
 
     ok("local", "down", "--state-dir", state_dir)
-    assert not any(pid_exists(p) for p in pids)
+    assert not any(is_pid_alive(p) for p in pids)
     status = json.loads(ok("local", "status", "--json", "--state-dir", state_dir))
     assert status["running"] is False
     assert status["postgres"]["pid"] is None
@@ -108,3 +107,81 @@ def test_errors_are_one_line(state_dir: Path) -> None:
     assert done.stderr.count("\n") == 1
     assert done.stderr.startswith("error: no local cluster in ")
     assert "Traceback" not in done.stderr
+
+
+def test_nodes_under_the_supervisor(state_dir: Path) -> None:
+    flags = ("--zk", "1", "--nodes", "2", "--json", "--no-migrate", "--state-dir", state_dir)
+    node_flags = ("--node-command", STAND_IN, "--node-env", "ALLOCATOR_POOL_MIN_BLOCKS=8")
+    up: dict[str, Any] = json.loads(
+        ok("local", "up", *flags, *node_flags, "--session-timeout-ms", "6000")
+    )
+    assert up.keys() >= DESIGN_KEYS | {"node_database_url", "consumer_database_url"}
+    assert [n["name"] for n in up["nodes"]] == ["node-1", "node-2"]
+    assert all(n.keys() >= NODE_KEYS for n in up["nodes"])
+    assert all(n["state"] == "running" and is_pid_alive(n["pid"]) for n in up["nodes"])
+    assert up["session_timeout_ms"] == 6000
+    token = up["admin_token"]
+    assert len(token) >= 24
+    first = {n["name"]: n["pid"] for n in up["nodes"]}
+    pids = [
+        *first.values(),
+        up["supervisor_pid"],
+        up["postgres"]["pid"],
+        up["zk_servers"][0]["pid"],
+    ]
+
+    table = ok("local", "status", "--state-dir", state_dir)
+    assert "node-1" in table
+    assert up["nodes"][0]["admin_url"] in table
+    assert token not in table  # the token is for --json only
+
+    # A crash (SIGKILL): restarted by the supervisor with a new pid.
+    assert "SIGKILL sent to node-1" in ok(
+        "local", "node-signal", "node-1", "SIGKILL", "--state-dir", state_dir
+    )
+    node1 = wait_for_node(state_dir, "node-1", lambda n: n["restarts"] == 1 and n["pid"])
+    assert node1["pid"] != first["node-1"]
+    assert node1["last_exit_code"] == -9
+    pids.append(node1["pid"])
+
+    # Stopped on request: stays stopped; started again on request.
+    assert "node-2 stopped (SIGKILL)" in ok(
+        "local", "node-stop", "node-2", "--kill", "--state-dir", state_dir
+    )
+    node2 = status_node(state_dir, "node-2")
+    assert (node2["state"], node2["pid"], node2["restarts"]) == ("stopped", None, 0)
+    assert not is_pid_alive(first["node-2"])
+    table = ok("local", "status", "--state-dir", state_dir)
+    assert "SIGKILL" in table  # node-2's last exit
+    done = cli("local", "node-signal", "node-2", "SIGSTOP", "--state-dir", state_dir)
+    assert done.returncode == 1
+    assert "node-2 is not running" in done.stderr
+    assert "node-2 running" in ok("local", "node-start", "node-2", "--state-dir", state_dir)
+    node2 = status_node(state_dir, "node-2")
+    assert node2["state"] == "running"
+    assert node2["restarts"] == 0
+    pids.append(node2["pid"])
+
+    ok("local", "down", "--state-dir", state_dir)
+    assert [p for p in pids if is_pid_alive(p)] == []
+    status = json.loads(ok("local", "status", "--json", "--state-dir", state_dir))
+    assert {n["state"] for n in status["nodes"]} == {"down"}
+    assert status["supervisor_pid"] is None
+
+
+def status_node(state_dir: Path, name: str) -> dict[str, Any]:
+    status = json.loads(ok("local", "status", "--json", "--state-dir", state_dir))
+    node: dict[str, Any] = next(n for n in status["nodes"] if n["name"] == name)
+    return node
+
+
+def wait_for_node(
+    state_dir: Path, name: str, check: Callable[[dict[str, Any]], object], timeout_s: float = 20.0
+) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        node = status_node(state_dir, name)
+        if check(node):
+            return node
+        assert time.monotonic() < deadline, f"{name} never got there: {node}"
+        time.sleep(0.1)

@@ -31,8 +31,9 @@ from allocator.errors import (
     PrerequisiteError,
     ServerStartError,
 )
-from allocator.local import ports, processes, zookeeper
+from allocator.local import ports, postgres, processes, zookeeper
 from allocator.local.cluster import ClusterInfo, LocalCluster
+from allocator.local.processes import is_pid_alive
 
 pytestmark = pytest.mark.integration
 
@@ -96,14 +97,6 @@ def recorded_pids(info: ClusterInfo) -> list[int]:
     return [p for p in pids if p is not None]
 
 
-def pid_exists(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rpartition(")")[2].split()[0] != "Z"
-
-
 @pytest.fixture(scope="module")
 def cluster3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalCluster]:
     state = tmp_path_factory.mktemp("lc3") / "state"
@@ -137,17 +130,48 @@ def test_picked_ports_are_distinct_and_a_taken_port_is_named() -> None:
 
 def test_a_pid_is_only_signalled_while_it_runs_what_we_started(tmp_path: Path) -> None:
     argv = ["sleep", "300"]
-    daemon = processes.start(argv, log_path=tmp_path / "sleep.log", pid_path=tmp_path / "p.pid")
-    assert (tmp_path / "p.pid").read_text().strip() == str(daemon.pid)
+    daemon = processes.start(argv, log_path=tmp_path / "sleep.log")
+    assert list(tmp_path.iterdir()) == [tmp_path / "sleep.log"]  # no pid file: the record is
     assert processes.is_alive(daemon.pid, argv)
     assert os.getsid(daemon.pid) == daemon.pid  # its own session
     # Same pid, other argv: as if the pid had been recycled. Never signalled.
     assert not processes.is_alive(daemon.pid, ["sleep", "301"])
     assert not processes.stop(daemon.pid, ["sleep", "301"], sig=signal.SIGKILL)
+    # An empty argv matches nothing (kernel threads have an empty cmdline).
+    assert not processes.is_alive(daemon.pid, [])
+    assert not processes.send_signal(daemon.pid, [], signal.SIGKILL)
+    # Same pid and argv, another start time: a recycled pid running the same command.
+    started = processes.start_time(daemon.pid)
+    assert started is not None
+    assert processes.is_alive(daemon.pid, argv, started)
+    assert not processes.is_alive(daemon.pid, argv, started + 1)
+    assert not processes.stop_all([(daemon.pid, argv, started + 1)], sig=signal.SIGKILL)
     assert processes.is_alive(daemon.pid, argv)
-    assert processes.stop(daemon.pid, argv, pid_path=tmp_path / "p.pid")
-    assert not pid_exists(daemon.pid)
-    assert not (tmp_path / "p.pid").exists()
+    assert processes.stop(daemon.pid, argv)
+    assert not is_pid_alive(daemon.pid)
+
+
+def test_kernel_threads_are_never_ours() -> None:
+    kernel_threads = [
+        int(entry.name)
+        for entry in Path("/proc").iterdir()
+        if entry.name.isdigit() and _empty_cmdline(entry)
+    ]
+    if not kernel_threads:
+        pytest.skip("no kernel thread visible in this PID namespace")
+    for pid in kernel_threads[:5]:
+        assert not processes.is_alive(pid, [])
+        assert not processes.is_alive(pid, ())
+        assert not processes.is_pid_alive(pid)
+        assert not processes.send_signal(pid, [], signal.SIGSTOP)
+
+
+def _empty_cmdline(entry: Path) -> bool:
+    try:
+        state = (entry / "stat").read_text().rpartition(")")[2].split()[0]
+        return state not in ("Z", "X") and (entry / "cmdline").read_bytes() == b""
+    except OSError:
+        return False
 
 
 def test_a_zombie_counts_as_dead() -> None:
@@ -174,8 +198,8 @@ def test_stop_escalates_to_sigkill_of_the_process_group(tmp_path: Path) -> None:
         what="the shell has started sleep",
     )[0]
     assert processes.stop(daemon.pid, argv, timeout_s=0.3)
-    assert not pid_exists(daemon.pid)
-    eventually(lambda: not pid_exists(child), what="the group member is gone too")
+    assert not is_pid_alive(daemon.pid)
+    eventually(lambda: not is_pid_alive(child), what="the group member is gone too")
     assert "starting sh -c" in processes.tail(daemon.log_path)
     assert processes.tail(daemon.log_path, offset=daemon.log_offset) == ""
 
@@ -236,7 +260,7 @@ def test_one_server_down_keeps_quorum(cluster3: LocalCluster) -> None:
     with kazoo_client(info.zk_hosts) as client:
         cluster3.stop_zk(leader.id)  # SIGKILL
         assert leader.pid is not None
-        assert not pid_exists(leader.pid)
+        assert not is_pid_alive(leader.pid)
         after = {s.id: s for s in cluster3.status().zk_servers}
         assert not after[leader.id].running
         assert after[leader.id].pid is None
@@ -277,13 +301,25 @@ def test_postgres_answers_and_recovers_from_an_immediate_stop(cluster3: LocalClu
     assert info.database_url == f"postgresql://postgres@127.0.0.1:{info.postgres.port}/allocator"
     with psycopg.connect(info.database_url, autocommit=True) as conn:
         assert conn.execute("SELECT 1").fetchone() == (1,)
-        assert conn.execute("SHOW fsync").fetchone() == ("on",)
         assert conn.execute("SHOW max_connections").fetchone() == ("200",)
+        expected = {
+            "fsync": "on",
+            "synchronous_commit": "on",
+            "full_page_writes": "on",
+            "shared_buffers": "256MB",
+            "wal_buffers": "16MB",
+            "max_wal_size": "1GB",
+            "checkpoint_timeout": "5min",
+            "wal_writer_delay": "10ms",
+            "autovacuum_naptime": "10s",
+        }
+        for name, value in expected.items():
+            assert conn.execute(f"SHOW {name}").fetchone() == (value,), name
         conn.execute("CREATE TABLE IF NOT EXISTS probe (note text)")
         conn.execute("INSERT INTO probe VALUES ('committed before the crash')")
     cluster3.stop_postgres("immediate")
     assert info.postgres.pid is not None
-    assert not pid_exists(info.postgres.pid)
+    assert not is_pid_alive(info.postgres.pid)
     assert not cluster3.status().postgres.running
     cluster3.start_postgres()
     after = cluster3.status().postgres
@@ -311,7 +347,7 @@ def test_down_stops_everything_and_up_restarts_with_the_data(state_dir: Path) ->
 
     LocalCluster(state_dir).down()  # another manager object, as from another process
     for pid in recorded_pids(info):
-        assert not pid_exists(pid), f"pid {pid} still runs"
+        assert not is_pid_alive(pid), f"pid {pid} still runs"
     assert processes_mentioning(state_dir, data_dir) == []
     status = cluster.status()
     assert not status.running
@@ -346,7 +382,7 @@ def test_context_manager_form_stops_everything(state_dir: Path) -> None:
     with LocalCluster(state_dir, 1, migrate_on_enter=False) as cluster:
         pids = recorded_pids(cluster.status())
         assert len(pids) == 2
-    assert not any(pid_exists(p) for p in pids)
+    assert not any(is_pid_alive(p) for p in pids)
 
 
 def test_a_requested_port_that_is_taken_is_named(state_dir: Path) -> None:
@@ -357,6 +393,79 @@ def test_a_requested_port_that_is_taken_is_named(state_dir: Path) -> None:
         with pytest.raises(PortInUseError, match=rf"port {port} on 127.0.0.1 \(PostgreSQL port\)"):
             LocalCluster(state_dir, 1, pg_port=port).up(migrate=False)
     assert processes_mentioning(state_dir) == []
+
+
+def test_a_requested_zookeeper_client_port_that_is_taken_is_named(state_dir: Path) -> None:
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", 0))
+        squatter.listen()
+        port = squatter.getsockname()[1]
+        with pytest.raises(
+            PortInUseError, match=rf"port {port} on 127.0.0.1 \(ZooKeeper server 1 client port\)"
+        ):
+            LocalCluster(state_dir, zk_client_ports=[port]).up(migrate=False)
+    assert processes_mentioning(state_dir) == []
+    assert not LocalCluster(state_dir).exists()  # checked before anything was recorded
+
+
+def test_a_recorded_zookeeper_client_port_taken_meanwhile_is_named(state_dir: Path) -> None:
+    cluster = LocalCluster(state_dir, 1)
+    info = cluster.up(migrate=False)
+    [server] = info.zk_servers
+    cluster.stop_zk(server.id)
+    with socket.socket() as squatter:
+        squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        squatter.bind(("127.0.0.1", server.client_port))
+        squatter.listen()
+        with pytest.raises(
+            PortInUseError, match=rf"port {server.client_port} .*ZooKeeper server 1 client port"
+        ):
+            cluster.start_zk(server.id)
+        with pytest.raises(PortInUseError, match=rf"port {server.client_port} "):
+            cluster.up(migrate=False)
+    assert not cluster.status().zk_servers[0].running
+    assert cluster.status().postgres.pid == info.postgres.pid  # left alone
+
+
+def test_missing_postgres_binaries_name_the_fix(
+    state_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    empty = tmp_path / "no-postgres"
+    empty.mkdir()
+    with pytest.raises(PrerequisiteError, match=r"apt-get install postgresql-15"):
+        LocalCluster(state_dir, 1, pg_bin_dir=empty).up(migrate=False)
+    monkeypatch.setenv(postgres.BIN_DIR_ENV, str(empty))
+    with pytest.raises(
+        PrerequisiteError, match=rf"no initdb and postgres in {empty}.*postgresql-15"
+    ):
+        LocalCluster(state_dir, 1).up(migrate=False)
+    # Checked before anything started: no ZooKeeper server was left behind either.
+    assert processes_mentioning(state_dir) == []
+
+
+def test_a_failed_stop_keeps_the_pid_recorded_and_down_retries(
+    state_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cluster = LocalCluster(state_dir, 1)
+    info = cluster.up(migrate=False)
+    pg_pid, zk_pid = info.postgres.pid, info.zk_servers[0].pid
+
+    def refuse(*args: object, **kwargs: object) -> bool:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(postgres, "stop", refuse)
+    with pytest.raises(LocalClusterError, match=r"could not stop PostgreSQL: .*not permitted"):
+        cluster.down()
+    # Everything else was still stopped; PostgreSQL runs on, and stays recorded.
+    assert not is_pid_alive(zk_pid)
+    status = cluster.status()
+    assert status.postgres.pid == pg_pid
+    assert status.postgres.running
+    assert status.zk_servers[0].pid is None
+    monkeypatch.undo()
+    cluster.down()  # the retry
+    assert not is_pid_alive(pg_pid)
+    assert cluster.status().postgres.pid is None
 
 
 def test_missing_zookeeper_package_names_the_fix(

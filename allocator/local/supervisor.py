@@ -1,0 +1,362 @@
+"""The node supervisor of an embedded cluster (``python -m allocator.local.supervisor``).
+
+Rules (systemd's ``Restart=always``, for the nodes of one state folder):
+
+- One supervisor per cluster, started detached by ``allocator local up`` when the cluster
+  has nodes; it holds ``nodes/supervisor.lock`` (flock) while it runs, so a second one for
+  the same folder exits at once. It is the parent of every node, so it reaps them and knows
+  their exit codes.
+- Desired state comes from ``cluster.json`` (the manager's file), polled every 0.1 s;
+  what runs goes to ``nodes/nodes.json`` (this process's file only), rewritten atomically
+  whenever something changed (see :mod:`allocator.local.nodes`).
+- Each node starts in its own session, stdin from /dev/null, stdout and stderr appended to
+  ``nodes/<name>.log``, the state folder as working folder, environment
+  :func:`~allocator.local.nodes.base_env` of ours plus the node's spec.
+- A node that exits when nobody asked it to (any exit code, any signal) is restarted after
+  a backoff: 0.2 s, doubling up to 2 s; a node that ran 10 s or more starts again at 0.2 s.
+  ``restarts`` counts these restarts. A node that cannot even be spawned counts as exited
+  with code 127.
+- A node stopped on request (``run`` false in its spec) is sent its ``stop_signal``
+  (SIGTERM, or SIGKILL for ``node-stop --kill``) followed by SIGCONT, so a paused node sees
+  it; SIGKILL to its process group once the node's own ``node.shutdown_timeout_s`` (10 s
+  unless its environment says otherwise) plus 2 s have passed. It is never restarted until
+  its spec says ``run`` again; then it starts at once, without backoff. A paused node
+  (SIGSTOP) is alive: the supervisor leaves it alone.
+- SIGTERM or SIGINT: stop every node as above, record them stopped, exit 0. Node processes
+  left by an earlier supervisor that was killed (not our children, so unsupervisable) are
+  stopped before anything starts.
+- If ``cluster.json`` disappears (purged), the supervisor stops its nodes and exits; so it
+  does, with exit code 1, if its own loop fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from allocator.errors import AllocatorError
+from allocator.local import nodes, processes
+
+log = logging.getLogger("allocator.local.supervisor")
+
+POLL_INTERVAL_S = 0.1
+BACKOFF_MIN_S = 0.2
+BACKOFF_MAX_S = 2.0
+BACKOFF_RESET_UPTIME_S = 10.0
+SPAWN_FAILED_EXIT_CODE = 127
+STATE_FILE = "cluster.json"  # the manager's record (allocator.local.cluster.STATE_FILE)
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+@dataclass
+class _Desired:
+    generation: int
+    specs: dict[str, nodes.NodeSpec]
+
+
+@dataclass
+class _Node:
+    spec: nodes.NodeSpec
+    proc: subprocess.Popen[bytes] | None = None
+    record: nodes.NodeRecord = field(default_factory=lambda: nodes.NodeRecord(name=""))
+    started_mono: float = 0.0
+    backoff_s: float = 0.0
+    restart_at: float | None = None
+    stop_sent: bool = False
+    kill_at: float | None = None  # when a requested stop escalates to SIGKILL
+    killed: bool = False
+    removed: bool = False  # no longer in the spec: stop, then forget
+
+
+class Supervisor:
+    """The loop of the module rules; :meth:`run` returns the exit code."""
+
+    def __init__(self, state_dir: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.state_dir = state_dir
+        self._clock = clock
+        self._env = nodes.base_env(os.environ)
+        self._nodes: dict[str, _Node] = {}
+        self._generation = 0
+        self._applied = 0
+        self._shutting_down = False
+        self._last_written: dict[str, Any] | None = None
+
+    # -- entry point ------------------------------------------------------------------------
+
+    def run(self) -> int:
+        lock_path = nodes.nodes_dir(self.state_dir) / nodes.SUPERVISOR_LOCK
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with lock_path.open("a") as lock:
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.error("supervisor_already_running state=%s", self.state_dir)
+                return 1
+            signal.signal(signal.SIGTERM, self._on_stop_signal)
+            signal.signal(signal.SIGINT, self._on_stop_signal)
+            log.info("supervisor_started pid=%d state=%s", os.getpid(), self.state_dir)
+            stray = nodes.stop_recorded(self.state_dir)
+            if stray:
+                log.warning("supervisor_stopped_strays pids=%s", stray)
+            self._write(force=True)
+            try:
+                while True:
+                    self.tick()
+                    if self._shutting_down and all(n.proc is None for n in self._nodes.values()):
+                        break
+                    time.sleep(POLL_INTERVAL_S)
+            except Exception:
+                # A bug here must not leave nodes running unsupervised.
+                log.exception("supervisor_failed pid=%d: stopping the nodes", os.getpid())
+                self._stop_now()
+                return 1
+            finally:
+                self._write(force=True)
+            log.info("supervisor_stopped pid=%d", os.getpid())
+        return 0
+
+    def _stop_now(self) -> None:
+        """Stop every node at once and wait (the loop is not to be trusted any more)."""
+        targets: list[processes.Target] = []
+        for node in self._nodes.values():
+            if node.proc is not None and node.proc.poll() is None:
+                targets.append((node.proc.pid, node.record.argv, node.record.started))
+        try:
+            processes.stop_all(targets, timeout_s=nodes.STOP_TIMEOUT_S)
+        except Exception:
+            log.exception("supervisor_stop_failed")
+        for node in self._nodes.values():
+            if node.proc is not None and node.proc.poll() is not None:
+                node.record.pid, node.record.state = None, nodes.STOPPED
+                node.record.last_exit_code = node.proc.returncode
+                node.proc = None
+
+    def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self._shutting_down:
+            log.info("supervisor_stopping signal=%s", signal.Signals(signum).name)
+        self._shutting_down = True
+
+    # -- one pass ---------------------------------------------------------------------------
+
+    def tick(self) -> None:
+        """Read the desired state, bring every node towards it, record what runs."""
+        desired = self._read_desired()
+        if desired is not None:
+            self._apply(desired)
+        now = self._clock()
+        for node in list(self._nodes.values()):
+            self._step(node, now)
+            if node.removed and node.proc is None:
+                del self._nodes[node.spec.name]
+        if all(self._settled(n) for n in self._nodes.values()):
+            self._applied = self._generation
+        self._write()
+
+    def _read_desired(self) -> _Desired | None:
+        # Parsed at every pass: a few kilobytes, and no change can be missed.
+        path = self.state_dir / STATE_FILE
+        try:
+            raw = json.loads(path.read_text())
+            specs = [nodes.NodeSpec.from_json(s) for s in raw.get("nodes", [])]
+            generation = int(raw.get("node_generation", 0))
+        except FileNotFoundError:
+            if not self._shutting_down:
+                log.warning("supervisor_record_gone path=%s: stopping", path)
+            self._shutting_down = True
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.error("supervisor_record_unreadable path=%s error=%s", path, exc)
+            return None
+        return _Desired(generation, {s.name: s for s in specs})
+
+    def _apply(self, desired: _Desired) -> None:
+        self._generation = desired.generation
+        for name, spec in desired.specs.items():
+            node = self._nodes.get(name)
+            if node is None:
+                self._nodes[name] = _Node(spec, record=nodes.NodeRecord(name=name))
+                continue
+            if spec.run and not node.spec.run:
+                node.backoff_s = 0.0  # started on request: no backoff
+                node.restart_at = None
+            node.spec = spec
+            node.removed = False
+        for name, node in self._nodes.items():
+            if name not in desired.specs:
+                node.removed = True
+
+    def _wants_run(self, node: _Node) -> bool:
+        return not self._shutting_down and not node.removed and node.spec.run
+
+    def _settled(self, node: _Node) -> bool:
+        """True if the node is where its desired state wants it.
+
+        A node that is to run counts once it has been started, or failed to start and is
+        waiting to be restarted: a request never waits for a crash loop to end.
+        """
+        if self._wants_run(node):
+            started = node.proc is not None or node.record.state == nodes.RESTARTING
+            return started and not node.stop_sent
+        return node.proc is None
+
+    def _step(self, node: _Node, now: float) -> None:
+        if node.proc is not None and node.proc.poll() is not None:
+            self._exited(node, now)
+        if node.proc is not None:
+            if not self._wants_run(node) and not node.stop_sent:
+                self._request_stop(node, now)
+            elif node.stop_sent and node.kill_at is not None and now >= node.kill_at:
+                self._kill(node, now)
+            return
+        if not self._wants_run(node):
+            node.record.state = nodes.STOPPED
+            node.restart_at = None
+            return
+        if node.restart_at is None or now >= node.restart_at:
+            self._start(node, now)
+
+    # -- transitions ------------------------------------------------------------------------
+
+    def _start(self, node: _Node, now: float) -> None:
+        record = node.record
+        if record.state == nodes.RESTARTING:
+            record.restarts += 1
+        node.restart_at = None
+        path = nodes.log_path(self.state_dir, node.spec.name)
+        try:
+            proc = processes.spawn(
+                node.spec.argv,
+                log_path=path,
+                env={**self._env, **node.spec.env},
+                cwd=self.state_dir,
+            )
+        except AllocatorError as exc:
+            cause = exc.__cause__ or exc
+            log.error("node_spawn_failed name=%s error=%s", node.spec.name, cause)
+            with contextlib.suppress(OSError), path.open("a") as out:
+                out.write(f"allocator local: could not start {node.spec.argv[0]}: {cause}\n")
+            record.last_exit_code = SPAWN_FAILED_EXIT_CODE
+            record.state = nodes.RESTARTING
+            self._schedule_restart(node, now, uptime_s=0.0)
+            return
+        node.proc = proc
+        node.started_mono = now
+        node.stop_sent = node.killed = False
+        node.kill_at = None
+        record.pid = proc.pid
+        record.argv = list(processes.cmdline(proc.pid) or node.spec.argv)
+        record.started = processes.start_time(proc.pid)
+        record.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
+        record.state = nodes.RUNNING
+        log.info(
+            "node_started name=%s pid=%d restarts=%d", node.spec.name, proc.pid, record.restarts
+        )
+
+    def _exited(self, node: _Node, now: float) -> None:
+        assert node.proc is not None
+        code = node.proc.returncode
+        uptime_s = now - node.started_mono
+        record = node.record
+        record.last_exit_code = code
+        record.pid = None
+        requested = node.stop_sent
+        node.proc = None
+        node.stop_sent = node.killed = False
+        node.kill_at = None
+        log.info(
+            "node_exited name=%s code=%s uptime_s=%.1f requested=%s",
+            node.spec.name,
+            code,
+            uptime_s,
+            requested,
+        )
+        if requested or not self._wants_run(node):
+            record.state = nodes.STOPPED
+            return
+        record.state = nodes.RESTARTING
+        self._schedule_restart(node, now, uptime_s)
+
+    def _schedule_restart(self, node: _Node, now: float, uptime_s: float) -> None:
+        if node.backoff_s <= 0.0 or uptime_s >= BACKOFF_RESET_UPTIME_S:
+            node.backoff_s = BACKOFF_MIN_S
+        else:
+            node.backoff_s = min(node.backoff_s * 2, BACKOFF_MAX_S)
+        node.restart_at = now + node.backoff_s
+        log.info("node_restart_scheduled name=%s in_s=%.1f", node.spec.name, node.backoff_s)
+
+    def _request_stop(self, node: _Node, now: float) -> None:
+        assert node.proc is not None
+        sig = signal.SIGTERM
+        if not self._shutting_down and not node.removed:
+            sig = nodes.signal_by_name(node.spec.stop_signal)
+        log.info("node_stopping name=%s pid=%d signal=%s", node.spec.name, node.proc.pid, sig.name)
+        node.stop_sent = True
+        node.record.state = nodes.STOPPING
+        if sig == signal.SIGKILL:
+            self._kill(node, now)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            node.proc.send_signal(sig)
+            node.proc.send_signal(signal.SIGCONT)  # a paused node must see it now
+        node.kill_at = now + node.spec.stop_timeout_s
+
+    def _kill(self, node: _Node, now: float) -> None:
+        """SIGKILL the node and its process group (it leads its own session)."""
+        assert node.proc is not None
+        pid = node.proc.pid
+        if node.kill_at is not None and not node.killed:
+            log.warning("node_kill_escalated name=%s pid=%d", node.spec.name, pid)
+        # Not reaped yet, so the pid cannot have been reused.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pid, signal.SIGKILL)
+        with contextlib.suppress(ProcessLookupError):
+            node.proc.kill()
+        node.killed = True
+        node.kill_at = now + nodes.KILL_TIMEOUT_S  # retried if it somehow survives
+
+    # -- the record -------------------------------------------------------------------------
+
+    def _write(self, *, force: bool = False) -> None:
+        runtime = nodes.Runtime(
+            supervisor_pid=os.getpid(),
+            applied_generation=self._applied,
+            nodes=[n.record for n in sorted(self._nodes.values(), key=lambda n: n.spec.name)],
+        )
+        data = runtime.to_json()
+        if not force and data == self._last_written:
+            return
+        try:
+            nodes.write_runtime(self.state_dir, runtime)
+        except OSError as exc:
+            log.error("nodes_record_write_failed error=%s", exc)
+            return
+        self._last_written = data
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m allocator.local.supervisor",
+        description="Run and restart the nodes of an embedded cluster (allocator local).",
+    )
+    parser.add_argument("--state-dir", type=Path, required=True)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    return Supervisor(args.state_dir.resolve()).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
