@@ -1,21 +1,25 @@
-"""``allocator demo``: what ``make demo`` runs.
+"""``allocator demo``: what ``make demo`` runs — the whole system, a failover, a summary.
 
 Rules: uses the one cluster manager (:class:`LocalCluster`) in its own state folder, so it
 never touches a cluster started with ``allocator local up``; always stops every process it
 started, by pid, on success, on error, on Ctrl-C and on SIGTERM (``--keep`` leaves it up on
-purpose). Prints what it did and how long each step took; asserts nothing about speed.
+purpose). Prints what happens and how long it took; asserts nothing about speed.
 
-What it shows at this stage: the embedded cluster coming up (3 ZooKeeper servers, one
-PostgreSQL, schema migrated), its status, the SQL pool as a consumer sees it, ZooKeeper
-keeping quorum while one server is down, and a clean shutdown with no process left.
+The story: 3 ZooKeeper servers, PostgreSQL and 3 nodes come up; one node is elected and
+fills the pool; a consumer claims blocks with one SQL call (as the ``allocator_app`` role)
+while a live view shows the leader, the queue and the pool; midway the leader is SIGKILLed,
+the view shows the handover; the summary counts blocks claimed, the handover time and the
+duplicates found among the consumer's ranges (0).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import signal
+import threading
 import time
-import uuid
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -27,14 +31,59 @@ from allocator.local.cluster import LocalCluster
 from allocator.local.processes import is_pid_alive
 
 if TYPE_CHECKING:
+    import psycopg
+    from kazoo.client import KazooClient
+
     from allocator.local.cluster import ClusterInfo
 
 DEFAULT_STATE_DIR = Path(".run/demo")
-ZK_TIMEOUT_S = 15.0
+VIEW_INTERVAL_S = 0.5
+CLAIM_PAUSE_S = 0.01
+LEADER_DEADLINE_S = 60.0
+ELECTION_PATH = "/election"
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
+
+
+@dataclass
+class Consumer:
+    """Claims one block at a time and keeps its own record of every range it got."""
+
+    url: str
+    ranges: list[tuple[int, int]] = field(default_factory=list)
+    pool_empty: int = 0
+    errors: int = 0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        import psycopg
+
+        conn: psycopg.Connection[tuple[int, int]] | None = None
+        while not self.stop.is_set():
+            try:
+                if conn is None or conn.closed:
+                    conn = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
+                row = conn.execute(
+                    "SELECT first_id, last_id FROM allocator.claim_blocks('demo-consumer')"
+                ).fetchone()
+                if row is not None:
+                    self.ranges.append((int(row[0]), int(row[1])))
+            except psycopg.Error as exc:
+                if getattr(exc, "sqlstate", None) == "AL003":
+                    self.pool_empty += 1
+                else:
+                    self.errors += 1
+                    conn = None
+            self.stop.wait(CLAIM_PAUSE_S)
+        if conn is not None:
+            conn.close()
+
+    def duplicates(self) -> int:
+        """Overlapping or repeated ranges among everything this consumer was handed."""
+        ordered = sorted(self.ranges)
+        return sum(1 for a, b in itertools.pairwise(ordered) if b[0] <= a[1])
 
 
 @click.command("demo")
@@ -45,26 +94,24 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     help="State folder of the demo cluster.",
 )
 @click.option("--zk", "zk_servers", type=click.Choice(["1", "3"]), default="3")
+@click.option("--phase-s", type=float, default=6.0, help="Seconds before and after the kill.")
 @click.option(
     "--keep", is_flag=True, help="Leave the cluster running (stop: allocator local down)."
 )
-def demo(state_dir: Path, zk_servers: str, keep: bool) -> None:
-    """Run the embedded cluster, show it working, and stop it."""
+def demo(state_dir: Path, zk_servers: str, phase_s: float, keep: bool) -> None:
+    """Run the embedded cluster with 3 nodes, fail the leader over, and stop it all."""
     signal.signal(signal.SIGTERM, _on_sigterm)
-    # The demo kills a ZooKeeper server on purpose; kazoo's reconnect warnings are noise here.
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     cluster = LocalCluster(state_dir, zk_servers=int(zk_servers))
     info: ClusterInfo | None = None
     try:
         started = time.monotonic()
-        _step(f"starting {zk_servers} ZooKeeper server(s) and PostgreSQL under {state_dir}")
-        info = cluster.up(migrate=True)
-        _step(f"ready in {time.monotonic() - started:.1f} s; schema migrated")
+        _step(f"starting {zk_servers} ZooKeeper server(s), PostgreSQL and 3 nodes in {state_dir}")
+        info = cluster.up(migrate=True, nodes=3)
+        _step(f"cluster up in {time.monotonic() - started:.1f} s; schema migrated")
         for line in render(info):
             click.echo(f"  {line}")
-        _show_schema(info)
-        if len(info.zk_servers) == 3:
-            _show_quorum_survives(cluster, info)
+        _failover_story(cluster, info, phase_s)
         if keep:
             _step(f"left running; stop it with: allocator local down --state-dir {state_dir}")
             return
@@ -72,64 +119,137 @@ def demo(state_dir: Path, zk_servers: str, keep: bool) -> None:
         _step("interrupted")
     finally:
         if not keep or info is None:
-            _stop(cluster, info)
+            _stop(cluster)
+
+
+def _failover_story(cluster: LocalCluster, info: ClusterInfo, phase_s: float) -> None:
+    import psycopg
+    from kazoo.client import KazooClient
+
+    zk = KazooClient(hosts=info.to_json()["node_zk_hosts"], timeout=10.0)
+    zk.start(timeout=15.0)
+    try:
+        with psycopg.connect(info.database_url, autocommit=True) as admin:
+            _story(cluster, info, admin, zk, phase_s)
+    finally:
+        zk.stop()
+        zk.close()
+
+
+def _story(
+    cluster: LocalCluster,
+    info: ClusterInfo,
+    admin: psycopg.Connection[tuple[object, ...]],
+    zk: KazooClient,
+    phase_s: float,
+) -> None:
+    leader, epoch = _wait_for_leader(admin, None)
+    _step(f"elected: {leader} (fence epoch {epoch}); it fills the pool")
+    _wait_for_pool(admin)
+    consumer = Consumer(info.to_json()["consumer_database_url"])
+    thread = threading.Thread(target=consumer.run, name="demo-consumer", daemon=True)
+    thread.start()
+    _step("a consumer claims blocks: SELECT * FROM allocator.claim_blocks('demo-consumer')")
+    _view(admin, zk, consumer, phase_s)
+    victim = cluster.status()
+    pid = next(n.pid for n in victim.nodes if n.name == leader)
+    _step(f"SIGKILL the leader {leader} (pid {pid}); its session must time out first")
+    killed_at = time.monotonic()
+    cluster.signal_node(leader, "SIGKILL")
+    new_leader, new_epoch = _wait_for_leader(admin, epoch)
+    handover_s = time.monotonic() - killed_at
+    _step(f"handover: {new_leader} took the fence (epoch {new_epoch}) after {handover_s:.2f} s")
+    _view(admin, zk, consumer, phase_s)
+    consumer.stop.set()
+    thread.join(timeout=10)
+    missing = _missing_from_ledger(admin, consumer)
+    session_timeout_ms = info.to_json().get("session_timeout_ms")
+    ids = sum(last - first + 1 for first, last in consumer.ranges)
+    click.echo("")
+    click.echo("summary")
+    click.echo(f"  blocks claimed      {len(consumer.ranges)} ({ids} IDs)")
+    click.echo(
+        f"  handover time       {handover_s:.2f} s after SIGKILL "
+        f"(session timeout {session_timeout_ms} ms)"
+    )
+    click.echo(f"  duplicates found    {consumer.duplicates()}")
+    click.echo(f"  missing from ledger {missing}")
+    click.echo(f"  pool-empty answers  {consumer.pool_empty}; other claim errors {consumer.errors}")
+    click.echo("")
+
+
+def _wait_for_leader(
+    admin: psycopg.Connection[tuple[object, ...]], old_epoch: int | None
+) -> tuple[str, int]:
+    deadline = time.monotonic() + LEADER_DEADLINE_S
+    while time.monotonic() < deadline:
+        row = admin.execute("SELECT holder, epoch FROM allocator.fence").fetchone()
+        if row and row[0] and int(str(row[1])) != (old_epoch or 0):
+            return str(row[0]), int(str(row[1]))
+        time.sleep(0.01)
+    raise click.ClickException("no leader took the fence in time: see the node logs")
+
+
+def _wait_for_pool(admin: psycopg.Connection[tuple[object, ...]]) -> None:
+    deadline = time.monotonic() + LEADER_DEADLINE_S
+    while time.monotonic() < deadline:
+        row = admin.execute("SELECT available_blocks FROM allocator.pool_status").fetchone()
+        if row and int(str(row[0])) > 0:
+            return
+        time.sleep(0.02)
+    raise click.ClickException("the leader cut no block in time: see the node logs")
+
+
+def _view(
+    admin: psycopg.Connection[tuple[object, ...]],
+    zk: KazooClient,
+    consumer: Consumer,
+    seconds: float,
+) -> None:
+    """The live view: fence holder, election queue, pool level, the consumer's progress."""
+    from allocator.election import read_contenders
+
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        row = admin.execute(
+            "SELECT holder, epoch, available_blocks FROM allocator.pool_status"
+        ).fetchone()
+        holder, epoch, available = row if row else ("-", 0, 0)
+        queue = " > ".join(c.identity.name for c in read_contenders(zk, ELECTION_PATH)) or "-"
+        click.echo(
+            f"  {time.strftime('%H:%M:%S')}  fence {holder} (epoch {epoch})  queue {queue:<24}"
+            f"  pool {available} blocks  claimed {len(consumer.ranges)}"
+        )
+        time.sleep(VIEW_INTERVAL_S)
+
+
+def _missing_from_ledger(admin: psycopg.Connection[tuple[object, ...]], consumer: Consumer) -> int:
+    """Ranges the consumer was handed that the ledger does not show as its claims (I4)."""
+    rows = admin.execute(
+        "SELECT first_id, last_id FROM allocator.block_ledger WHERE claimed_by = 'demo-consumer'"
+    ).fetchall()
+    ledger = {(int(str(a)), int(str(b))) for a, b in rows}
+    return sum(1 for r in consumer.ranges if r not in ledger)
 
 
 def _step(message: str) -> None:
     click.echo(f"[demo] {message}")
 
 
-def _show_schema(info: ClusterInfo) -> None:
-    import psycopg
-
-    from allocator import migrate
-
-    revision = migrate.current_revision(info.database_url)
-    with psycopg.connect(info.database_url) as conn:
-        status = conn.execute(
-            "SELECT available_blocks, high_water_id, epoch, holder FROM allocator.pool_status"
-        ).fetchone()
-        roles = conn.execute(
-            "SELECT string_agg(rolname, ', ' ORDER BY rolname) FROM pg_roles"
-            " WHERE rolname LIKE 'allocator\\_%'"
-        ).fetchone()
-    _step(f"schema revision {revision}; roles: {roles[0] if roles else '-'}")
-    if status:
-        blocks, mark, epoch, holder = status
-        _step(
-            f"pool as a consumer sees it: {blocks} blocks, high-water mark {mark}, "
-            f"fence epoch {epoch} ({holder or 'no leader yet: `allocator run` comes next'})"
-        )
-
-
-def _show_quorum_survives(cluster: LocalCluster, info: ClusterInfo) -> None:
-    from kazoo.client import KazooClient
-
-    victim = info.zk_servers[-1].id
-    _step(f"killing ZooKeeper server {victim} (SIGKILL by pid)")
-    cluster.stop_zk(victim)
-    client = KazooClient(hosts=info.zk_hosts, timeout=ZK_TIMEOUT_S)
-    try:
-        client.start(timeout=ZK_TIMEOUT_S)
-        path = client.create(f"/demo/quorum-{uuid.uuid4().hex[:8]}", b"ok", makepath=True)
-        _step(f"2 of 3 servers still form a quorum: wrote {path}")
-        client.delete("/demo", recursive=True)
-    finally:
-        client.stop()
-        client.close()
-    cluster.start_zk(victim)
-    _step(f"ZooKeeper server {victim} restarted")
-
-
-def _stop(cluster: LocalCluster, info: ClusterInfo | None) -> None:
+def _stop(cluster: LocalCluster) -> None:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second TERM must not cut the cleanup short
     _step("stopping every process the demo started")
     started: list[int] = []
     if cluster.exists():
         current = cluster.status()
-        started = [s.pid for s in current.zk_servers if s.pid] + (
-            [current.postgres.pid] if current.postgres.pid else []
-        )
+        started = [s.pid for s in current.zk_servers if s.pid] + [
+            n.pid for n in current.nodes if n.pid
+        ]
+        if current.postgres.pid:
+            started.append(current.postgres.pid)
+        supervisor = current.to_json().get("supervisor_pid")
+        if supervisor:
+            started.append(int(supervisor))
     cluster.down()
     left = [pid for pid in started if is_pid_alive(pid)]
     shown = " ".join(str(pid) for pid in started) or "none"

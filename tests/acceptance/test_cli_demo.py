@@ -23,7 +23,7 @@ def test_demo_runs_and_stops_every_process_it_started() -> None:
     state_dir.chmod(0o755)
     try:
         result = subprocess.run(
-            [*ALLOCATOR, "demo", "--state-dir", str(state_dir)],
+            [*ALLOCATOR, "demo", "--phase-s", "2", "--state-dir", str(state_dir)],
             capture_output=True,
             text=True,
             timeout=DEMO_TIMEOUT_S,
@@ -37,9 +37,11 @@ def test_demo_runs_and_stops_every_process_it_started() -> None:
         )
         shutil.rmtree(state_dir, ignore_errors=True)
     assert result.returncode == 0, result.stderr
-    assert "2 of 3 servers still form a quorum" in result.stdout
+    assert "handover:" in result.stdout
+    assert "duplicates found    0" in result.stdout
+    assert "missing from ledger 0" in result.stdout
     assert "processes left running: 0" in result.stdout
     (stopped,) = [line for line in result.stdout.splitlines() if "stopped pids:" in line]
     pids = [int(pid) for pid in stopped.split("stopped pids:")[1].split(";")[0].split()]
-    assert len(pids) == 4  # three ZooKeeper servers and the postmaster
+    assert len(pids) == 8  # 3 ZooKeeper servers, 3 nodes, the supervisor, the postmaster
     assert [pid for pid in pids if is_pid_alive(pid)] == []
