@@ -204,3 +204,39 @@ def test_leader_with_a_clock_behind_the_mark_refuses_and_the_pool_keeps_serving(
         assert len(claim(conn, "app", 10)) == 10  # the pool still serves
     wait_for(lambda: behind.node.metrics.clock_behind._value.get() == 1, "the clock-behind alert")
     assert ledger(db_url)[-1][2] == mark_before  # nothing cut behind the mark
+
+
+def test_step_down_hands_over_at_once_and_rejoins_at_the_back(
+    make_node: Callable[..., RunningNode], db_url: str
+) -> None:
+    first = make_node("a")
+    wait_for(lambda: fence(db_url)[1] == "a", "a to lead")
+    second = make_node("b")
+    wait_for(lambda: second.node.snapshot()["role"] == "follower", "b to queue")
+    assert not second.node.request_step_down()  # only a leader can step down
+    assert first.node.request_step_down()
+    wait_for(lambda: fence(db_url)[1] == "b", "b to take over")
+    wait_for(lambda: first.node.snapshot()["role"] == "follower", "a to queue again")
+    assert first.thread.is_alive()
+    with psycopg.connect(db_url) as conn:
+        reasons = conn.execute(
+            "SELECT holder, end_reason FROM allocator.leader_history ORDER BY epoch"
+        ).fetchall()
+    assert reasons[0] == ("a", "stepped_down")
+
+
+def test_retention_prunes_old_claimed_blocks_only(
+    make_node: Callable[..., RunningNode], db_url: str
+) -> None:
+    make_node("a", **{"pool.retention_s": 0.5, "pool.min_blocks": 20})
+    wait_for(lambda: available(db_url) >= 20, "the pool to fill")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        claimed = claim(conn, "app", 5)
+
+    def pruned() -> bool:
+        ids = {block_id for block_id, *_ in ledger(db_url)}
+        return not ids & {block_id for block_id, *_ in claimed}
+
+    wait_for(pruned, "retention to delete the claimed blocks")
+    assert available(db_url) >= 20  # unclaimed blocks are never pruned
+    assert_ledger_sound(db_url)
