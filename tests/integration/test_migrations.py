@@ -22,6 +22,7 @@ FUNCTIONS = {
     "record_pool_sample",
     "prune_claimed",
     "available_blocks",
+    "lock_fence",
 }
 ROLES = {"allocator_consumer", "allocator_node", "allocator_operator"}
 

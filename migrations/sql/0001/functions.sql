@@ -165,6 +165,26 @@ AS $fn$
 $fn$;
 
 
+-- The fence check of every block write: lock the fence row FOR SHARE on the caller's exact
+-- epoch, or raise AL100. The row lock lasts until the caller's transaction ends, and it
+-- conflicts with take_fence's UPDATE: a takeover waits for a write in flight, and no write
+-- can start once a newer epoch is committed. Equality, not ordering (DESIGN section 3).
+CREATE FUNCTION allocator.lock_fence(p_epoch bigint)
+RETURNS void
+LANGUAGE plpgsql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    PERFORM 1 FROM allocator.fence f WHERE f.epoch = p_epoch FOR SHARE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'fenced: epoch % does not hold the fence', p_epoch
+            USING ERRCODE = 'AL100', HINT = 'this node is no longer leader; it must stop writing';
+    END IF;
+END
+$fn$;
+
+
 -- Every block write: fenced on the exact epoch, monotonic against the high-water mark,
 -- one INSERT for the whole batch, mark advanced in the same transaction.
 CREATE FUNCTION allocator.cut_blocks(p_epoch bigint, p_first_ids bigint[], p_last_ids bigint[])
@@ -179,13 +199,7 @@ DECLARE
     position    bigint;
     first_tk    bigint;
 BEGIN
-    -- FOR SHARE conflicts with take_fence's UPDATE: a takeover waits for this write, and this
-    -- write cannot start once a newer epoch is committed.
-    PERFORM 1 FROM allocator.fence f WHERE f.epoch = p_epoch FOR SHARE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'fenced: epoch % does not hold the fence', p_epoch
-            USING ERRCODE = 'AL100', HINT = 'this node is no longer leader; it must stop writing';
-    END IF;
+    PERFORM allocator.lock_fence(p_epoch);
     IF n = 0 OR n <> coalesce(cardinality(p_last_ids), 0)
        OR array_ndims(p_first_ids) <> 1 OR array_ndims(p_last_ids) <> 1
        OR array_lower(p_first_ids, 1) <> 1 OR array_lower(p_last_ids, 1) <> 1 THEN
@@ -247,11 +261,7 @@ DECLARE
     busy_tk     bigint;
     moved       integer;
 BEGIN
-    PERFORM 1 FROM allocator.fence f WHERE f.epoch = p_epoch FOR SHARE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'fenced: epoch % does not hold the fence', p_epoch
-            USING ERRCODE = 'AL100', HINT = 'this node is no longer leader; it must stop writing';
-    END IF;
+    PERFORM allocator.lock_fence(p_epoch);
     SELECT * INTO mark FROM allocator.high_water FOR UPDATE;
     SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END INTO position
       FROM allocator.claim_ticket s;

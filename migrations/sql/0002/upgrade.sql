@@ -17,12 +17,7 @@ AS $fn$
 DECLARE
     pruned integer;
 BEGIN
-    -- FOR SHARE conflicts with take_fence's UPDATE, as in cut_blocks.
-    PERFORM 1 FROM allocator.fence f WHERE f.epoch = p_epoch FOR SHARE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'fenced: epoch % does not hold the fence', p_epoch
-            USING ERRCODE = 'AL100', HINT = 'this node is no longer leader; it must stop writing';
-    END IF;
+    PERFORM allocator.lock_fence(p_epoch);
     IF p_claimed_before IS NULL OR p_limit IS NULL OR p_limit < 1 THEN
         RAISE EXCEPTION 'prune_claimed needs a cutoff time and a limit >= 1 (got %, %)',
             coalesce(p_claimed_before::text, 'NULL'), coalesce(p_limit::text, 'NULL')
