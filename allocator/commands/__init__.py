@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import click
 
-from allocator.commands import config_cmd, decode, demo, local, migrate_cmd, run, status
+from allocator.commands import config_cmd, decode, demo, drill, local, migrate_cmd, run, status
 
 COMMANDS: list[click.Command] = [
     config_cmd.config,
     decode.decode,
     demo.demo,
+    drill.drill,
     local.local,
     migrate_cmd.migrate_command,
     run.run,
