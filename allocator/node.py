@@ -21,6 +21,17 @@ Rules (DESIGN §3, §4; the invariants I3 and I6):
 
 Exit codes: 0 stopped on request; 3 ZooKeeper session lost; 4 fenced by a newer leader;
 69/70/75/78 as for every command (missing prerequisite, bug, unavailable, bad config).
+
+Test hooks (tests/chaos only; off unless ``allocator run`` reads their variable, see
+:mod:`allocator.commands.run`, which logs each one loudly at start):
+- ``expose_session_password`` (``ALLOCATOR_TEST_EXPOSE_SESSION=1``): ``/status`` also shows
+  the ZooKeeper session password, so a test can force a real server-side expiry. ``/status``
+  always shows the session id (hex); never the password otherwise.
+- ``unsafe_no_fence`` (``ALLOCATOR_TEST_UNSAFE_NO_FENCE=1``): a deliberate dual master, the
+  proof that the chaos checker catches stale writes. The term's ``may_write`` ignores the
+  session and the term's end; blocks are written by a plain INSERT (superuser URL needed),
+  bypassing ``cut_blocks``' fence and mark checks; fenced maintenance writes that fail are
+  ignored. Never set it outside a test.
 """
 
 from __future__ import annotations
@@ -31,7 +42,8 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 from kazoo.client import KazooClient
@@ -42,7 +54,7 @@ from kazoo.retry import KazooRetry
 
 from allocator.admin import AdminServer
 from allocator.config import Config
-from allocator.db import NodeDatabase
+from allocator.db import CommitCheck, CutResult, NodeDatabase
 from allocator.election import Election, ElectionNodeLostError, Identity
 from allocator.errors import (
     AllocatorError,
@@ -75,6 +87,8 @@ class Node:
         host: str | None = None,
         pid: int | None = None,
         now_ms: Callable[[], int] = wall_clock_ms,
+        expose_session_password: bool = False,
+        unsafe_no_fence: bool = False,
     ) -> None:
         self._config = config
         self._now_ms = now_ms
@@ -83,7 +97,11 @@ class Node:
         self._pid = pid or os.getpid()
         self._metrics = NodeMetrics()
         self._metrics.session.state("connecting")
-        self._db = NodeDatabase(config.postgres, node_name=self.name)
+        # Test hooks (module docstring): both False in production.
+        self._expose_session_password = expose_session_password
+        self._unsafe_no_fence = unsafe_no_fence
+        database = _UnsafeNodeDatabase if unsafe_no_fence else NodeDatabase
+        self._db = database(config.postgres, node_name=self.name)
         zk = config.zookeeper
         auth = zk.auth.get_secret_value()
         self._zk = KazooClient(
@@ -147,7 +165,8 @@ class Node:
 
     def snapshot(self) -> dict[str, Any]:
         term = self._term
-        return {
+        client_id = self.session_credentials()
+        snapshot = {
             "name": self.name,
             "host": self._host,
             "pid": self._pid,
@@ -155,10 +174,14 @@ class Node:
             "epoch": term.epoch if term and not term.ended else None,
             "may_write": bool(term and term.may_write()),
             "session": self._session_state(),
+            "session_id": f"{client_id[0]:#x}" if client_id else None,
             "znode": self._election.znode if self._election else None,
             "admin_url": self._admin.url,
             "since": self._since,
         }
+        if self._expose_session_password and client_id:  # TEST HOOK: never in production
+            snapshot["session_password"] = client_id[1].hex()
+        return snapshot
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -221,7 +244,7 @@ class Node:
             election.leave()
             self._stop.wait(STALE_TAKEOVER_BACKOFF_S)
             return None
-        term = Term(token, self._guard)
+        term = (_UnsafeTerm if self._unsafe_no_fence else Term)(token, self._guard)
         self._term = term
         self._fenced.clear()
         term.activate()
@@ -359,3 +382,82 @@ class Node:
         self._db.close()
         self._admin.stop()
         log.info("event=stopped name=%s", self.name)
+
+
+# -- TEST HOOK: ALLOCATOR_TEST_UNSAFE_NO_FENCE=1 only (tests/chaos/test_checker_proof.py) --
+# A deliberately broken leader, so the chaos checker can be shown to catch a dual master.
+# The SQL lives here, not in allocator.sql, because no production path may ever use it.
+
+_UNSAFE_POSITIONS = (
+    "SELECT h.last_ticket, (SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END"
+    " FROM allocator.claim_ticket s) FROM allocator.high_water h FOR UPDATE"
+)
+_UNSAFE_INSERT = (
+    "INSERT INTO allocator.blocks (ticket, first_id, last_id, epoch)"
+    " SELECT %(first_ticket)s + u.o - 1, u.f, u.l, %(epoch)s"
+    " FROM unnest(%(first_ids)s::bigint[], %(last_ids)s::bigint[]) WITH ORDINALITY AS u(f, l, o)"
+)
+_UNSAFE_ADVANCE = (
+    "UPDATE allocator.high_water SET last_id = greatest(last_id, %(last_id)s),"
+    " last_ticket = greatest(last_ticket, %(last_ticket)s), updated_at = statement_timestamp()"
+)
+
+
+class _UnsafeTerm(Term):
+    """TEST ONLY: may always write, whatever the session says and after the term ended."""
+
+    def may_write(self) -> bool:
+        return True
+
+
+class _UnsafeNodeDatabase(NodeDatabase):
+    """TEST ONLY: block writes by plain INSERT, with no fence and no high-water check."""
+
+    def cut_blocks(
+        self,
+        epoch: int,
+        ranges: Sequence[tuple[int, int]],
+        commit_if: CommitCheck | None = None,
+    ) -> CutResult:
+        what = "cut blocks (UNSAFE: unfenced test hook)"
+        log.warning(
+            "event=unsafe_unfenced_write epoch=%s blocks=%d first_id=%s (TEST HOOK)",
+            epoch,
+            len(ranges),
+            ranges[0][0] if ranges else None,
+        )
+        with self._connection(what) as conn, conn.transaction():
+            row = conn.execute(_UNSAFE_POSITIONS).fetchone()
+            if row is None:
+                raise DatabaseError(f"{what}: the database returned no row")
+            first_ticket = max(int(row[0]), int(row[1])) + 1
+            conn.execute(
+                _UNSAFE_INSERT,
+                {
+                    "first_ticket": first_ticket,
+                    "epoch": epoch,
+                    "first_ids": [first for first, _ in ranges],
+                    "last_ids": [last for _, last in ranges],
+                },
+            )
+            last_ticket = first_ticket + len(ranges) - 1
+            conn.execute(_UNSAFE_ADVANCE, {"last_id": ranges[-1][1], "last_ticket": last_ticket})
+        return CutResult(high_water_id=ranges[-1][1], last_ticket=last_ticket)
+
+    def requeue_stranded(self, epoch: int, commit_if: CommitCheck | None = None) -> int:
+        try:
+            return super().requeue_stranded(epoch, commit_if)
+        except FencedError:
+            return 0  # a stale unsafe leader carries on regardless
+
+    def prune_claimed(
+        self,
+        epoch: int,
+        claimed_before: datetime,
+        limit: int,
+        commit_if: CommitCheck | None = None,
+    ) -> int:
+        try:
+            return super().prune_claimed(epoch, claimed_before, limit, commit_if)
+        except FencedError:
+            return 0

@@ -4,13 +4,22 @@ Rules: every setting comes from the config (file < ``ALLOCATOR_*`` < ``--set`` <
 here); ``--check`` validates, prints the effective config with secrets masked and exits.
 SIGTERM and SIGINT stop the node gracefully (a leader hands over at once). The process exit
 code is the node's: 0 stopped, 3 session lost, 4 fenced (see ``allocator.node``).
+
+Test hooks, for the chaos tests (tests/chaos) only: ignored unless set, each logged as a
+WARNING ``event=test_hook_enabled`` at start. ``ALLOCATOR_TEST_CLOCK_OFFSET_MS=<int>`` shifts
+the node's clock by that many milliseconds (negative: behind); ``ALLOCATOR_TEST_EXPOSE_SESSION=1``
+adds the ZooKeeper session password to ``/status``; ``ALLOCATOR_TEST_UNSAFE_NO_FENCE=1``
+makes the node an unfenced dual master (see ``allocator.node``). Never set them in production.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import os
 import signal
 import sys
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
 
@@ -18,6 +27,39 @@ import click
 
 from allocator import config as config_mod
 from allocator import logs
+from allocator.errors import UsageError
+
+log = logging.getLogger(__name__)
+
+# -- test hooks (tests/chaos only) --------------------------------------------------------
+TEST_CLOCK_OFFSET_ENV = "ALLOCATOR_TEST_CLOCK_OFFSET_MS"
+TEST_EXPOSE_SESSION_ENV = "ALLOCATOR_TEST_EXPOSE_SESSION"
+TEST_UNSAFE_NO_FENCE_ENV = "ALLOCATOR_TEST_UNSAFE_NO_FENCE"
+
+
+def _test_flag(environ: Mapping[str, str], name: str) -> bool:
+    value = environ.get(name, "")
+    if value not in ("", "0", "1"):
+        raise UsageError(f"{name} must be 0 or 1 (got {value!r})")
+    if value == "1":
+        log.warning("event=test_hook_enabled hook=%s: TEST ONLY, never in production", name)
+    return value == "1"
+
+
+def _test_clock(environ: Mapping[str, str], clock: Callable[[], int]) -> Callable[[], int]:
+    raw = environ.get(TEST_CLOCK_OFFSET_ENV, "").strip()
+    try:
+        offset_ms = int(raw or "0")
+    except ValueError:
+        raise UsageError(f"{TEST_CLOCK_OFFSET_ENV} must be an integer (got {raw!r})") from None
+    if not offset_ms:
+        return clock
+    log.warning(
+        "event=test_hook_enabled hook=%s offset_ms=%d: TEST ONLY, this node's clock is shifted",
+        TEST_CLOCK_OFFSET_ENV,
+        offset_ms,
+    )
+    return lambda: clock() + offset_ms
 
 
 @click.command("run")
@@ -58,9 +100,15 @@ def run(
         click.echo(json.dumps(config.masked_dict(), indent=2, default=str))
         return
     from allocator.node import Node  # kazoo, psycopg, APScheduler: only for a real node
+    from jobs.context import wall_clock_ms
 
     logs.configure(config.node.log_format)
-    node = Node(config)
+    node = Node(
+        config,
+        now_ms=_test_clock(os.environ, wall_clock_ms),
+        expose_session_password=_test_flag(os.environ, TEST_EXPOSE_SESSION_ENV),
+        unsafe_no_fence=_test_flag(os.environ, TEST_UNSAFE_NO_FENCE_ENV),
+    )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         node.request_stop(signal.Signals(signum).name.lower())

@@ -1,0 +1,600 @@
+"""What every chaos scenario uses: a cluster of its own, consumers, the leader, waits, the check.
+
+Rules:
+
+- One :class:`ChaosCluster` per scenario: its own ZooKeeper ensemble, PostgreSQL server and
+  nodes under the embedded cluster's supervisor, in its own state folder
+  ``/tmp/allocator-test-chaos-*`` (mode 0755, so the PostgreSQL user can traverse it).
+  Leaving the ``with`` block always stops, by pid, the extra node processes the scenario
+  started itself, then runs ``down(purge=True)``, and fails if any process of the cluster
+  is still alive. The folder holds an ``owner.pid``: if this session dies without its
+  teardown, the next session that starts the shared test servers reaps it
+  (``tests/fixtures/cluster.py``); the harness never touches a cluster it did not start.
+- Consumers (:class:`Consumers`) are threads in the test process that claim through the
+  consumer URL (``allocator_app``, may only claim) with ``allocator.claim_blocks``. They
+  record every block that *returned* to them, count pool-empty answers (AL003) and other
+  errors, reconnect after any error and never stop on one; every loop is bounded (a claim
+  budget and a deadline), and each claim is paced (a rate, not a wait for state).
+- Faults go through real mechanisms only: the cluster manager's signals, ZooKeeper and
+  PostgreSQL stops, a TCP proxy (:mod:`tests.chaos.proxy`), the node's test hooks.
+- Nothing sleeps to let things settle: :func:`wait_for` polls an observable condition
+  (the fence, the ledger, a node's state or exit code, a metric) until a deadline.
+- Observations of the database are made as superuser (``database_url``), on a fresh short
+  connection each time, so a PostgreSQL restart never leaves the harness with a dead one.
+- All traffic stays on 127.0.0.1.
+- When a scenario fails, the tail of every node log is printed (pytest shows it);
+  ``ALLOCATOR_CHAOS_SHOW_LOGS=1`` prints them after passing scenarios too (``-rP``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, TypeVar
+
+import psycopg
+
+from allocator.config import load_config
+from allocator.layout import Layout
+from allocator.local import nodes as nodes_mod
+from allocator.local import zookeeper
+from allocator.local.cluster import ClusterInfo, LocalCluster, NodeInfo
+from allocator.local.ports import LOOPBACK, pick_free_ports
+from allocator.local.processes import is_pid_alive, tail
+from tests.chaos.checker import Claim, LedgerRow, TermRow, Violation, check, summary
+from tests.fixtures.cluster import OWNER_FILE, STATE_PREFIX, cluster_pids
+
+T = TypeVar("T")
+
+SESSION_TIMEOUT_MS = 2000
+SESSION_TIMEOUT_S = SESSION_TIMEOUT_MS / 1000
+TICK_MS = 200
+WAIT_S = 30.0
+"""Default deadline of a wait: generous, a wait normally ends in a few seconds."""
+POLL_S = 0.05
+DB_CONNECT_TIMEOUT_S = 3
+EXTRA_NODE_STOP_S = 15.0
+LOG_TAIL_LINES = 40
+SHOW_LOGS_ENV = "ALLOCATOR_CHAOS_SHOW_LOGS"
+"""Set to 1 to print the nodes' logs after every scenario, not only failed ones (-rP)."""
+
+# The nodes' settings in every scenario (a scenario may add or override). Fast refills and
+# reconnects so faults and recoveries show within seconds; a pool that outlasts a ZooKeeper
+# outage of several seconds at the consumers' rate. Retention keeps its default (a day), so
+# nothing is pruned during a run: the checker's I4 needs every claimed block in the ledger.
+NODE_ENV: Mapping[str, str] = {
+    "ALLOCATOR_POOL_MIN_BLOCKS": "300",
+    "ALLOCATOR_POOL_MAX_BLOCKS": "3000",
+    "ALLOCATOR_POOL_RUNWAY_S": "10",
+    "ALLOCATOR_POOL_LOW_WATERMARK_BLOCKS": "150",
+    "ALLOCATOR_POOL_REFILL_INTERVAL_S": "0.2",
+    "ALLOCATOR_POOL_SAMPLE_INTERVAL_S": "0.5",
+    "ALLOCATOR_ZOOKEEPER_MAX_RECONNECT_DELAY_S": "0.5",
+    "ALLOCATOR_ZOOKEEPER_CONNECT_TIMEOUT_S": "3",
+    "ALLOCATOR_POSTGRES_CONNECT_TIMEOUT_S": "2",
+    "ALLOCATOR_NODE_SHUTDOWN_TIMEOUT_S": "5",
+}
+
+AL003_POOL_EMPTY = "AL003"
+
+
+def wait_for(
+    condition: Callable[[], T | None],
+    what: str,
+    timeout_s: float = WAIT_S,
+    *,
+    ignore: tuple[type[Exception], ...] = (psycopg.OperationalError,),
+) -> T:
+    """Poll ``condition`` until it returns a truthy value, which is returned; fail at the
+    deadline. Exceptions in ``ignore`` (default: the database is unreachable) count as
+    "not yet"."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            value = condition()
+        except ignore:
+            value = None
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        time.sleep(POLL_S)
+
+
+def eventually(condition: Callable[[], object], timeout_s: float) -> bool:
+    """Poll ``condition`` until it is truthy (True) or the deadline passes (False): for a
+    scenario that must clean up before it asserts."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(POLL_S)
+    return True
+
+
+def now_utc() -> datetime:
+    return datetime.now(UTC)
+
+
+def layout() -> Layout:
+    """The layout every node of a chaos cluster uses (the defaults)."""
+    return load_config(None, {}, env={}).layout
+
+
+# -- consumers --------------------------------------------------------------------------------
+
+
+@dataclass
+class ConsumerStats:
+    claims: int = 0
+    pool_empty: int = 0
+    errors: int = 0
+    error_kinds: dict[str, int] = field(default_factory=dict)
+
+
+class Consumers:
+    """Threads claiming blocks in a bounded loop; see the module rules.
+
+    ``names`` maps each consumer's name to the blocks it asks for per call; ``options``
+    gives a consumer's connections libpq options (``-c synchronous_commit=off``). Use as a
+    context manager, or :meth:`start` and :meth:`stop` (always called: it joins).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        names: Mapping[str, int] | None = None,
+        *,
+        pause_s: float = 0.02,
+        max_calls: int = 20_000,
+        deadline_s: float = 240.0,
+        options: Mapping[str, str] | None = None,
+    ) -> None:
+        self._url = url
+        self._names = dict(names or {"chaos-c1": 1, "chaos-c2": 3})
+        self._options = dict(options or {})
+        """Per consumer: libpq ``options`` of its connections (e.g. session settings)."""
+        self._pause_s = pause_s
+        self._max_calls = max_calls
+        self._deadline_s = deadline_s
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._records: list[Claim] = []
+        self.stats = {name: ConsumerStats() for name in self._names}
+        self._threads = [
+            threading.Thread(target=self._run, args=(name, n), name=f"consumer-{name}", daemon=True)
+            for name, n in self._names.items()
+        ]
+
+    def start(self) -> Consumers:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def stop(self) -> list[Claim]:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(10.0)
+        stuck = [t.name for t in self._threads if t.is_alive()]
+        assert not stuck, f"consumer threads did not stop: {stuck}"
+        return self.records()
+
+    def __enter__(self) -> Consumers:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def records(self) -> list[Claim]:
+        with self._lock:
+            return list(self._records)
+
+    def count(self, since: float = 0.0, until: float = float("inf")) -> int:
+        """Blocks that returned to consumers in ``[since, until)`` (``time.time()``)."""
+        with self._lock:
+            return sum(since <= r.returned_at < until for r in self._records)
+
+    def total(self, attribute: str) -> int:
+        return sum(int(getattr(s, attribute)) for s in self.stats.values())
+
+    def describe(self) -> str:
+        return ", ".join(
+            f"{name}: {s.claims} blocks, {s.pool_empty} pool-empty, {s.errors} errors "
+            f"{s.error_kinds or ''}".rstrip()
+            for name, s in self.stats.items()
+        )
+
+    def _run(self, name: str, n: int) -> None:
+        stats = self.stats[name]
+        deadline = time.monotonic() + self._deadline_s
+        conn: psycopg.Connection[Any] | None = None
+        try:
+            for _ in range(self._max_calls):
+                if self._stop.is_set() or time.monotonic() >= deadline:
+                    return
+                try:
+                    if conn is None or conn.closed:
+                        conn = psycopg.connect(
+                            self._url,
+                            autocommit=True,
+                            connect_timeout=DB_CONNECT_TIMEOUT_S,
+                            options=self._options.get(name, ""),
+                        )
+                    rows = conn.execute(
+                        "SELECT block_id, first_id, last_id FROM allocator.claim_blocks(%s, %s)",
+                        (name, n),
+                    ).fetchall()
+                except psycopg.Error as exc:
+                    self._failed(stats, exc)
+                    if exc.sqlstate != AL003_POOL_EMPTY and conn is not None:
+                        with contextlib.suppress(psycopg.Error):
+                            conn.close()
+                    self._stop.wait(self._pause_s * 5)
+                    continue
+                returned_at = time.time()
+                with self._lock:
+                    self._records.extend(
+                        Claim(int(b), int(f), int(last), name, returned_at) for b, f, last in rows
+                    )
+                    stats.claims += len(rows)
+                self._stop.wait(self._pause_s)
+        finally:
+            if conn is not None:
+                with contextlib.suppress(psycopg.Error):
+                    conn.close()
+
+    def _failed(self, stats: ConsumerStats, exc: psycopg.Error) -> None:
+        with self._lock:
+            if exc.sqlstate == AL003_POOL_EMPTY:
+                stats.pool_empty += 1
+                return
+            stats.errors += 1
+            kind = exc.sqlstate or type(exc).__name__
+            stats.error_kinds[kind] = stats.error_kinds.get(kind, 0) + 1
+
+
+# -- node processes a scenario runs itself ---------------------------------------------------
+
+
+class ExtraNode:
+    """An ``allocator run`` process outside the supervisor, with an environment of its own
+    (the supervisor gives every node the same): for per-node test hooks or a proxied
+    ZooKeeper. Nobody restarts it; :meth:`stop` (always called by the cluster) ends it."""
+
+    def __init__(self, name: str, env: Mapping[str, str], log_path: Path, cwd: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.admin_url = f"http://{env['ALLOCATOR_NODE_ADMIN_ADDRESS']}"
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        with log_path.open("ab") as log:
+            self._proc = subprocess.Popen(
+                nodes_mod.default_command(),
+                env={**nodes_mod.base_env(os.environ), **env},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=cwd,
+                start_new_session=True,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._proc.poll()
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self._proc.poll() is None:
+            self._proc.send_signal(sig)
+
+    def stop(self) -> int | None:
+        """SIGTERM (+ SIGCONT for a paused one), SIGKILL to its group after a deadline."""
+        if self._proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                self._proc.send_signal(signal.SIGTERM)
+                self._proc.send_signal(signal.SIGCONT)
+            try:
+                self._proc.wait(EXTRA_NODE_STOP_S)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self._proc.pid, signal.SIGKILL)
+                self._proc.wait(EXTRA_NODE_STOP_S)
+        return self._proc.returncode
+
+
+# -- the cluster ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Leader:
+    """Who holds the fence, as PostgreSQL says, and its process if we know it."""
+
+    epoch: int
+    name: str
+    pid: int | None
+
+
+class ChaosCluster:
+    """One scenario's embedded cluster; ``with ChaosCluster(...) as chaos:``. See the rules."""
+
+    def __init__(
+        self,
+        *,
+        zk: int = 1,
+        nodes: int = 3,
+        session_timeout_ms: int = SESSION_TIMEOUT_MS,
+        node_env: Mapping[str, str] | None = None,
+    ) -> None:
+        self._zk = zk
+        self._nodes = nodes
+        self.session_timeout_ms = session_timeout_ms
+        self._node_env = {**NODE_ENV, **(node_env or {})}
+        self._extras: list[ExtraNode] = []
+        self.state_dir = Path()
+        self.manager: LocalCluster | None = None
+        self._pids: list[int] = []
+        self.database_url = ""
+        """Superuser URL (stable for the cluster's life: its port is recorded)."""
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    def __enter__(self) -> ChaosCluster:
+        tmp = Path(tempfile.gettempdir())
+        self.state_dir = Path(tempfile.mkdtemp(prefix=f"{STATE_PREFIX}chaos-", dir=tmp))
+        self.state_dir.chmod(0o755)
+        (self.state_dir / OWNER_FILE).write_text(str(os.getpid()))
+        self.manager = LocalCluster(
+            self.state_dir,
+            self._zk,
+            tick_ms=TICK_MS,
+            session_timeout_ms=self.session_timeout_ms,
+            node_env=self._node_env,
+        )
+        try:
+            self._remember(self.manager.up(migrate=True, nodes=self._nodes))
+        except BaseException:
+            self._teardown(failed=True)
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._teardown(failed=exc_type is not None)
+
+    def _teardown(self, *, failed: bool) -> None:
+        if failed or os.environ.get(SHOW_LOGS_ENV) == "1":
+            self.print_logs()
+        try:
+            for extra in self._extras:
+                extra.stop()
+            if self.manager is not None:
+                with contextlib.suppress(Exception):
+                    self._remember(self.manager.status())
+                self.manager.down(purge=True)
+        finally:
+            left = [pid for pid in self._pids if is_pid_alive(pid)]
+            left += [e.pid for e in self._extras if e.exit_code is None]
+            if not left:
+                shutil.rmtree(self.state_dir, ignore_errors=True)
+        assert not left, f"processes left behind by the chaos cluster {self.state_dir}: {left}"
+
+    def _remember(self, info: ClusterInfo) -> None:
+        self._pids = sorted({*self._pids, *cluster_pids(info)})
+        self.database_url = info.database_url
+
+    def print_logs(self) -> None:
+        """The tail of every node's log (shown by pytest when a scenario fails)."""
+        for path in sorted((self.state_dir / nodes_mod.NODES_DIR).glob("*.log")):
+            print(f"----- {path.name} (last {LOG_TAIL_LINES} lines)")
+            print(tail(path, LOG_TAIL_LINES))
+
+    # -- the cluster as the manager sees it -------------------------------------------------
+
+    @property
+    def cluster(self) -> LocalCluster:
+        assert self.manager is not None, "use ChaosCluster in a with block"
+        return self.manager
+
+    def info(self) -> ClusterInfo:
+        info = self.cluster.status()
+        self._remember(info)
+        return info
+
+    def node(self, name: str) -> NodeInfo:
+        return next(n for n in self.info().nodes if n.name == name)
+
+    def up(self, nodes: int) -> ClusterInfo:
+        """Bring the supervised nodes to ``nodes`` (e.g. after extra nodes took the lead)."""
+        info = self.cluster.up(migrate=False, nodes=nodes)
+        self._remember(info)
+        return info
+
+    # -- extra nodes ------------------------------------------------------------------------
+
+    def start_extra_node(
+        self,
+        name: str,
+        env: Mapping[str, str] | None = None,
+        *,
+        zk_hosts: str | None = None,
+        database_url: str | None = None,
+    ) -> ExtraNode:
+        """An ``allocator run`` of our own, named ``name``, configured like the supervised
+        nodes (same ZooKeeper chroot, node login role) plus ``env``; ``zk_hosts`` and
+        ``database_url`` replace the cluster's (a proxy; the superuser)."""
+        info = self.info()
+        # `up` creates the nodes' chroot only when it starts nodes itself.
+        zookeeper.ensure_path(info.zk_hosts, nodes_mod.DEFAULT_CHROOT, WAIT_S)
+        port = pick_free_ports(1)[0]
+        node_env = nodes_mod.node_env(
+            name=name,
+            zk_hosts=zk_hosts or info.node_zk_hosts,
+            postgres_url=database_url or info.node_database_url,
+            admin_port=port,
+            admin_token=info.admin_token,
+            session_timeout_ms=self.session_timeout_ms,
+            extra={**self._node_env, **(env or {})},
+        )
+        log_path = nodes_mod.log_path(self.state_dir, name)
+        extra = ExtraNode(name, node_env, log_path, self.state_dir)
+        self._extras.append(extra)
+        return extra
+
+    # -- observations (superuser, a short connection each) ------------------------------------
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        return psycopg.connect(
+            self.database_url, autocommit=True, connect_timeout=DB_CONNECT_TIMEOUT_S
+        )
+
+    def fence(self) -> tuple[int, str | None]:
+        with self._connect() as conn:
+            row = conn.execute("SELECT epoch, holder FROM allocator.fence").fetchone()
+        assert row is not None
+        return int(row[0]), row[1]
+
+    def available_blocks(self) -> int:
+        with self._connect() as conn:
+            row = conn.execute("SELECT available_blocks FROM allocator.pool_status").fetchone()
+        return int(row[0]) if row else 0
+
+    def ledger(self) -> list[LedgerRow]:
+        with self._connect() as conn:
+            rows = conn.execute(
+                "SELECT block_id, first_id, last_id, epoch, cut_at, claimed_by, claimed_at"
+                " FROM allocator.block_ledger ORDER BY block_id"
+            ).fetchall()
+        return [LedgerRow(*row) for row in rows]
+
+    def history(self) -> list[TermRow]:
+        with self._connect() as conn:
+            rows = conn.execute(
+                "SELECT epoch, holder, elected_at, ended_at, end_reason"
+                " FROM allocator.leader_history ORDER BY elected_at, epoch"
+            ).fetchall()
+        return [TermRow(*row) for row in rows]
+
+    def blocks_cut(self, *, epoch: int | None = None, after: datetime | None = None) -> int:
+        """Blocks in the ledger (of ``epoch``, cut after ``after``)."""
+        query = "SELECT count(*) FROM allocator.blocks WHERE true"
+        params: list[object] = []
+        if epoch is not None:
+            query += " AND epoch = %s"
+            params.append(epoch)
+        if after is not None:
+            query += " AND cut_at > %s"
+            params.append(after)
+        with self._connect() as conn:
+            row = conn.execute(query, params).fetchone()
+        return int(row[0]) if row else 0
+
+    def leader(self) -> Leader | None:
+        """The fence holder and its pid (supervised or extra node); None before any."""
+        epoch, holder = self.fence()
+        if holder is None:
+            return None
+        pid = next((n.pid for n in self.info().nodes if n.name == holder), None)
+        pid = pid or next((e.pid for e in self._extras if e.name == holder), None)
+        return Leader(epoch, holder, pid)
+
+    def wait_leader(self, *, newer_than: int = 0, timeout_s: float = WAIT_S) -> Leader:
+        """The fence holder once its epoch is above ``newer_than``."""
+
+        def newer() -> Leader | None:
+            leader = self.leader()
+            return leader if leader is not None and leader.epoch > newer_than else None
+
+        return wait_for(newer, f"a leader with an epoch above {newer_than}", timeout_s)
+
+    def wait_cutting(self, epoch: int, after: datetime, timeout_s: float = WAIT_S) -> int:
+        """Wait until epoch ``epoch`` has cut a block after ``after``; how many it has."""
+        return wait_for(
+            lambda: self.blocks_cut(epoch=epoch, after=after),
+            f"epoch {epoch} to cut blocks after {after.isoformat()}",
+            timeout_s,
+        )
+
+    def wait_pool(self, blocks: int, timeout_s: float = WAIT_S) -> int:
+
+        def enough() -> int | None:
+            available = self.available_blocks()
+            return available if available >= blocks else None
+
+        return wait_for(enough, f"at least {blocks} blocks in the pool", timeout_s)
+
+    def wait_exit(self, name: str, *, restarts_above: int, timeout_s: float = WAIT_S) -> NodeInfo:
+        """A supervised node once it has exited and been restarted (restarts > the given)."""
+
+        def restarted() -> NodeInfo | None:
+            node = self.node(name)
+            return node if node.restarts > restarts_above else None
+
+        return wait_for(restarted, f"{name} to exit and be restarted by the supervisor", timeout_s)
+
+    def wait_role(self, admin_url: str, role: str, what: str) -> None:
+        """Until the node at ``admin_url`` reports ``role`` (``leader``, ``follower``)."""
+        wait_for(lambda: http_json(f"{admin_url}/status")["role"] == role, what, ignore=(OSError,))
+
+    # -- the verdict ---------------------------------------------------------------------------
+
+    def check(self, records: Sequence[Claim]) -> list[Violation]:
+        """The checker over this run: the consumers' records, the ledger and the history."""
+        return check(records, self.ledger(), self.history(), layout())
+
+    def assert_clean(self, consumers: Consumers) -> list[Claim]:
+        """Stop the consumers, then assert the checker finds nothing; returns the records."""
+        records = consumers.stop()
+        assert records, f"the consumers claimed nothing ({consumers.describe()})"
+        violations = self.check(records)
+        assert not violations, summary(violations)
+        return records
+
+
+# -- a node's admin HTTP ----------------------------------------------------------------------
+
+
+def http_json(url: str, timeout_s: float = 2.0) -> dict[str, Any]:
+    assert url.startswith(f"http://{LOOPBACK}:"), url
+    with urllib.request.urlopen(url, timeout=timeout_s) as response:  # noqa: S310 (loopback)
+        data: dict[str, Any] = json.loads(response.read())
+    return data
+
+
+def metric(admin_url: str, name: str, timeout_s: float = 2.0) -> float | None:
+    """One unlabelled sample of a node's ``/metrics``; None if absent."""
+    assert admin_url.startswith(f"http://{LOOPBACK}:"), admin_url
+    with urllib.request.urlopen(f"{admin_url}/metrics", timeout=timeout_s) as response:  # noqa: S310
+        text = response.read().decode()
+    for line in text.splitlines():
+        key, _, value = line.partition(" ")
+        if key == name:
+            return float(value)
+    return None
+
+
+def log_events(path: Path, event: str) -> list[str]:
+    """The lines of a node log carrying ``event=<event>``."""
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return []
+    return [line for line in lines if f"event={event} " in f"{line} "]

@@ -1,0 +1,67 @@
+"""Chaos: the proof that the checker can fail. A leader without the fence must be caught.
+
+Rules: the node under test runs with the test-only switch ``ALLOCATOR_TEST_UNSAFE_NO_FENCE=1``
+(see ``allocator.node``): its ``may_write`` ignores the session and the end of its term,
+and it writes blocks by a plain INSERT as superuser, bypassing ``cut_blocks``' fence. The
+scenario is the SIGSTOP one (``test_node_faults``); this time the checker MUST report stale
+writes (I3). If it did not, its silence in every other scenario would prove nothing.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from allocator.node import EXIT_SESSION_LOST
+from tests.chaos.harness import ChaosCluster, Consumers, log_events, now_utc, wait_for
+
+pytestmark = pytest.mark.integration
+
+# The supervised (correct) nodes aim for at most 1000 blocks, the unsafe one for 3000: the
+# unsafe node always finds the pool short and writes, the correct one never needs to while
+# the pool holds more than 1000, so the stale writes cannot collide with fresh ones.
+CORRECT_NODES_ENV = {"ALLOCATOR_POOL_MAX_BLOCKS": "1000"}
+UNSAFE_ENV = {
+    "ALLOCATOR_TEST_UNSAFE_NO_FENCE": "1",
+    "ALLOCATOR_POOL_MIN_BLOCKS": "3000",
+    "ALLOCATOR_POOL_MAX_BLOCKS": "3000",
+}
+
+
+def test_checker_catches_a_leader_that_writes_without_the_fence() -> None:
+    """Breaks: the fence itself. An unfenced leader is paused (SIGSTOP) past its session
+    timeout, a correct node takes over, then the unfenced one runs on (SIGCONT) and writes.
+
+    Must hold: the checker reports at least one I3 violation (a block of the old epoch cut
+    after its term ended), i.e. it catches a dual master. Cost: ~6 s.
+    """
+    with ChaosCluster(zk=1, nodes=0, node_env=CORRECT_NODES_ENV) as chaos:
+        unsafe = chaos.start_extra_node("unsafe", UNSAFE_ENV, database_url=chaos.database_url)
+        old = chaos.wait_leader()
+        assert old.name == "unsafe"
+        chaos.wait_pool(2000)
+        info = chaos.up(nodes=2)
+        for node in info.nodes:
+            chaos.wait_role(node.admin_url, "follower", f"{node.name} to queue behind it")
+        consumers = Consumers(info.consumer_database_url).start()
+        try:
+            wait_for(lambda: consumers.count() >= 20, "claims before the fault")
+            unsafe.signal(signal.SIGSTOP)
+            paused_at = now_utc()
+            new = chaos.wait_leader(newer_than=old.epoch)
+            assert new.name != "unsafe"
+            unsafe.signal(signal.SIGCONT)
+            wait_for(
+                lambda: chaos.blocks_cut(epoch=old.epoch, after=paused_at),
+                "the unfenced node to write after losing its term",
+            )
+            wait_for(lambda: unsafe.exit_code is not None, "the unfenced node to exit")
+            records = consumers.stop()
+        finally:
+            consumers.stop()
+        assert unsafe.exit_code == EXIT_SESSION_LOST
+        assert log_events(unsafe.log_path, "unsafe_unfenced_write")
+        violations = chaos.check(records)
+        stale = [v for v in violations if v.invariant == "I3" and "stale write" in v.message]
+        assert stale, f"the checker missed the unfenced writes: {violations}"
