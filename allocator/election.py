@@ -12,6 +12,10 @@ Rules (DESIGN §3):
   ``ephemeralOwner`` checked against our session id: a token is only ever derived from a node
   this session owns (sequence numbers are per-parent 32-bit and compared as strings by some
   tools, so they are not used as tokens).
+- Every ZooKeeper call waits at most ``call_timeout_s``: kazoo queues requests while
+  disconnected and a plain call would wait for the reconnect, however long, leaving the
+  node deaf to its own session timer and to SIGTERM. A call that times out raises
+  :class:`ZooKeeperCallTimeoutError`; the caller treats it like a lost connection.
 - Nothing here decides what leading means or reacts to session state: that is
   :mod:`allocator.leadership`'s job. Watch callbacks only set an Event (they run on kazoo's
   shared callback thread and must not block or call ZooKeeper).
@@ -28,15 +32,24 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import ConnectionLoss, NoNodeError
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.interfaces import IAsyncResult
 
 from allocator.errors import AllocatorError
 
 NODE_PREFIX = "n-"
 SEQUENCE_DIGITS = 10
+DEFAULT_CALL_TIMEOUT_S = 1.0
 
 
 class ElectionNodeLostError(AllocatorError):
     """Our own election znode is gone or owned by another session: we are no contender."""
+
+
+class ZooKeeperCallTimeoutError(AllocatorError):
+    """A ZooKeeper call got no answer within its bound (the connection is probably down)."""
+
+    exit_code = 75  # EX_TEMPFAIL
 
 
 @dataclass(frozen=True)
@@ -91,8 +104,15 @@ def ordered(children: list[str]) -> list[str]:
 class Election:
     """One contender's place in the election under ``path``."""
 
-    def __init__(self, client: KazooClient, path: str, identity: Identity) -> None:
+    def __init__(
+        self,
+        client: KazooClient,
+        path: str,
+        identity: Identity,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+    ) -> None:
         self._client = client
+        self._call_timeout_s = call_timeout_s
         self._path = path.rstrip("/") or "/"
         self._identity = identity
         self._tag = uuid.uuid4().hex
@@ -113,18 +133,21 @@ class Election:
         """Create our contender node (idempotent while it exists); returns its path."""
         if self._znode is not None and self._owns(self._znode):
             return self._znode
-        self._client.ensure_path(self._path)
-        prefix = f"{self._path}/{NODE_PREFIX}{self._tag}-"
+        self._bounded(self._client.ensure_path_async(self._path))
         try:
-            self._znode = self._client.create(
-                prefix, self._identity.to_bytes(), ephemeral=True, sequence=True
-            )
-        except ConnectionLoss:
+            self._znode = self._create()
+        except (ConnectionLoss, ZooKeeperCallTimeoutError):
             # The create may have happened: look for our tag before trying again.
-            self._znode = self._find_own() or self._client.create(
-                prefix, self._identity.to_bytes(), ephemeral=True, sequence=True
-            )
+            self._znode = self._find_own() or self._create()
         return self._znode
+
+    def _create(self) -> str:
+        prefix = f"{self._path}/{NODE_PREFIX}{self._tag}-"
+        data = self._identity.to_bytes()
+        created: str = self._bounded(
+            self._client.create_async(prefix, data, ephemeral=True, sequence=True)
+        )
+        return created
 
     def wait_until_first(self, stop: threading.Event, recheck_s: float = 1.0) -> bool:
         """Block until we are the lowest contender (True) or ``stop`` is set (False).
@@ -137,7 +160,8 @@ class Election:
             if predecessor is None:
                 return True
             woken = threading.Event()
-            if self._client.exists(f"{self._path}/{predecessor}", watch=_setter(woken)):
+            path = f"{self._path}/{predecessor}"
+            if self._bounded(self._client.exists_async(path, watch=_setter(woken))):
                 woken.wait(recheck_s)
             if woken.is_set():
                 self.wakeups += 1
@@ -146,8 +170,8 @@ class Election:
     def token(self) -> int:
         """The fencing token: our znode's czxid, after checking this session owns it."""
         znode = self._require_znode()
-        stat = self._client.exists(znode)
-        if stat is None or stat.ephemeralOwner != self._client.client_id[0]:
+        stat = self._bounded(self._client.exists_async(znode))
+        if stat is None or stat.ephemeralOwner != self._session_id():
             raise ElectionNodeLostError(f"election node {znode} is gone or not ours")
         return int(stat.czxid)
 
@@ -161,7 +185,7 @@ class Election:
             return
         try:
             if self._owns(self._znode):
-                self._client.delete(self._znode)
+                self._bounded(self._client.delete_async(self._znode))
         except NoNodeError:
             pass
         finally:
@@ -174,7 +198,7 @@ class Election:
     def _predecessor(self) -> str | None:
         znode = self._require_znode()
         name = znode.rsplit("/", 1)[1]
-        order = ordered(self._client.get_children(self._path))
+        order = ordered(self._bounded(self._client.get_children_async(self._path)))
         if name not in order:
             raise ElectionNodeLostError(f"election node {znode} is gone")
         index = order.index(name)
@@ -186,14 +210,27 @@ class Election:
         return self._znode
 
     def _find_own(self) -> str | None:
-        for child in self._client.get_children(self._path):
+        for child in self._bounded(self._client.get_children_async(self._path)):
             if child.startswith(f"{NODE_PREFIX}{self._tag}-"):
                 return f"{self._path}/{child}"
         return None
 
     def _owns(self, znode: str) -> bool:
-        stat = self._client.exists(znode)
-        return stat is not None and stat.ephemeralOwner == self._client.client_id[0]
+        stat = self._bounded(self._client.exists_async(znode))
+        return stat is not None and stat.ephemeralOwner == self._session_id()
+
+    def _session_id(self) -> int | None:
+        client_id = self._client.client_id
+        return None if client_id is None else int(client_id[0])
+
+    def _bounded(self, pending: IAsyncResult) -> Any:
+        """The result of a kazoo async call, waiting at most ``call_timeout_s``."""
+        try:
+            return pending.get(timeout=self._call_timeout_s)
+        except KazooTimeoutError as exc:
+            raise ZooKeeperCallTimeoutError(
+                f"ZooKeeper did not answer within {self._call_timeout_s} s"
+            ) from exc
 
 
 def _setter(event: threading.Event) -> Callable[[object], None]:

@@ -36,7 +36,6 @@ Test hooks (tests/chaos only; off unless ``allocator run`` reads their variable,
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
@@ -55,7 +54,12 @@ from kazoo.retry import KazooRetry
 from allocator.admin import AdminServer
 from allocator.config import Config
 from allocator.db import CommitCheck, CutResult, NodeDatabase
-from allocator.election import Election, ElectionNodeLostError, Identity
+from allocator.election import (
+    Election,
+    ElectionNodeLostError,
+    Identity,
+    ZooKeeperCallTimeoutError,
+)
 from allocator.errors import (
     AllocatorError,
     DatabaseError,
@@ -210,10 +214,14 @@ class Node:
     def _loop(self, election: Election) -> int:
         while not self._stop.is_set():
             if self._guard.check_timer():
+                action = self._config.node.on_session_loss
                 log.error(
-                    "event=session_lost name=%s reason=%s", self.name, self._guard.lost_reason
+                    "event=session_loss_handled name=%s action=%s reason=%s",
+                    self.name,
+                    action,
+                    self._guard.lost_reason,
                 )
-                if self._config.node.on_session_loss == "exit":
+                if action == "exit":
                     return EXIT_SESSION_LOST
                 self._rejoin(election)
                 continue
@@ -225,7 +233,7 @@ class Node:
                 code = self._lead(election)
                 if code is not None:
                     return code
-            except (KazooException, ElectionNodeLostError) as exc:
+            except (KazooException, ElectionNodeLostError, ZooKeeperCallTimeoutError) as exc:
                 log.warning("event=zookeeper_error name=%s error=%r", self.name, exc)
                 self._wait_for_session()
         return EXIT_OK
@@ -236,12 +244,12 @@ class Node:
             takeover = self._db.take_fence(token, self.name, self._host, self._pid)
         except StaleTakeoverError as exc:
             log.error("event=fence_stale name=%s epoch=%s error=%s", self.name, token, exc)
-            election.leave()
+            self._leave(election)
             self._stop.wait(STALE_TAKEOVER_BACKOFF_S)
             return None
         except DatabaseError as exc:
             log.error("event=takeover_failed name=%s epoch=%s error=%s", self.name, token, exc)
-            election.leave()
+            self._leave(election)
             self._stop.wait(STALE_TAKEOVER_BACKOFF_S)
             return None
         term = (_UnsafeTerm if self._unsafe_no_fence else Term)(token, self._guard)
@@ -281,7 +289,7 @@ class Node:
         log.info("event=stepped_down name=%s epoch=%s reason=%s", self.name, token, reason)
         if reason in ("shutdown", "stepped_down"):
             self._end_term(token, reason)
-            election.leave()  # hands over at once; step-down rejoins at the back
+            self._leave(election)  # hands over at once; step-down rejoins at the back
             return None
         if reason == "fenced":
             return EXIT_FENCED
@@ -309,7 +317,7 @@ class Node:
             try:
                 if not election.still_ours() or election.token() != term.epoch:
                     return "znode_lost"
-            except (KazooException, ElectionNodeLostError):
+            except (KazooException, ElectionNodeLostError, ZooKeeperCallTimeoutError):
                 term.pause()
                 continue
             if not term.may_write():
@@ -323,8 +331,14 @@ class Node:
         if self._zk.connected:
             self._guard(KazooState.CONNECTED)
         self._wait_for_session()
-        with contextlib.suppress(KazooException):
-            election.leave()  # only deletes a node this (new) session owns
+        self._leave(election)  # only deletes a node this (new) session owns
+
+    def _leave(self, election: Election) -> None:
+        """Delete our znode; if ZooKeeper cannot be reached, closing the session will."""
+        try:
+            election.leave()
+        except (KazooException, ZooKeeperCallTimeoutError) as exc:
+            log.warning("event=leave_failed name=%s error=%r", self.name, exc)
 
     def _wait_for_session(self) -> None:
         while not self._stop.is_set():

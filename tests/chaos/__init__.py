@@ -18,7 +18,7 @@ docstring repeats it); the whole folder takes about 85 s:
  ~6   the fence-less leader (proof the checker catches I3)        test_checker_proof
  ~7   node-ZooKeeper link cut longer than the session             test_zookeeper_link
  ~7   SIGSTOP + silent partition: PostgreSQL fences it (AL100)    test_zookeeper_link
- ~12  a follower cut off past its session (xfail: node bug)       test_zookeeper_link
+ ~5   a follower cut off past its session                         test_zookeeper_link
  ~15  ZooKeeper quorum lost, then restored                        test_zookeeper_faults
 ====  ==========================================================  ===========================
 """

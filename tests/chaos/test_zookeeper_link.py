@@ -3,8 +3,7 @@
 Rules: one ZooKeeper server (the proxy fronts it), a session timeout of 3000 ms; the node
 under test runs outside the supervisor (``ALLOCATOR_ZOOKEEPER_HOSTS`` points at the proxy,
 with the cluster's chroot) and is stopped by pid; one supervised node is its rival. Every
-test ends with the checker (I1-I5) finding nothing, except the one marked xfail, which
-shows a node bug (see its reason).
+test ends with the checker (I1-I5) finding nothing.
 
 A cut resets both sides of every live connection at once, so the node sees the break
 within milliseconds. ``NOTICE_S`` is the grace allowed between the cut and the node seeing
@@ -171,20 +170,13 @@ def test_leader_paused_behind_a_silent_partition_is_fenced_by_postgres() -> None
         assert chaos.blocks_cut(epoch=old.epoch, after=ended) == 0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="node bug: the own session timer (DESIGN §4) does not run while a follower is "
-    "blocked in a ZooKeeper call (Election.wait_until_first -> get_children/exists queue "
-    "until reconnected), so a follower cut off from ZooKeeper never stops itself",
-)
 def test_a_follower_cut_off_longer_than_the_session_stops_itself() -> None:
     """Breaks: a follower's connection to ZooKeeper, for longer than its session timeout.
 
     Must hold (DESIGN §4: "if not reconnected within the session timeout, treat it as
     LOST"; "followers behave the same"): the follower exits 3 by its own timer while the
-    link is still down. Cost: ~12 s (waits two session timeouts for an exit that, with the
-    bug, only comes after the link is restored). Strict xfail: once the bug is fixed this
-    test passes, pytest reports XPASS as a failure, and the marker must go.
+    link is still down. (It once did not: its ZooKeeper calls waited for the reconnect, so
+    the timer never ran; every election call is now bounded.) Cost: ~5 s.
     """
     with ChaosCluster(zk=1, nodes=1, session_timeout_ms=SESSION_TIMEOUT_MS) as chaos:
         chaos.wait_leader()
