@@ -240,3 +240,47 @@ def test_retention_prunes_old_claimed_blocks_only(
     wait_for(pruned, "retention to delete the claimed blocks")
     assert available(db_url) >= 20  # unclaimed blocks are never pruned
     assert_ledger_sound(db_url)
+
+
+def _http(url: str, method: str = "GET", token: str | None = None) -> tuple[int, bytes]:
+    import urllib.error
+    import urllib.request
+
+    headers = {"Authorization": f"Bearer {token}"} if token is not None else {}
+    request = urllib.request.Request(url, method=method, headers=headers)  # noqa: S310
+    try:
+        with urllib.request.urlopen(request, timeout=5) as response:  # noqa: S310
+            return response.status, response.read()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read()
+
+
+def test_admin_http_serves_metrics_health_status_and_guards_step_down(
+    make_node: Callable[..., RunningNode], db_url: str
+) -> None:
+    import json
+
+    leader = make_node("a", **{"node.admin_token": "s3cret"})
+    wait_for(lambda: fence(db_url)[1] == "a", "a to lead")
+    base = wait_for(lambda: leader.node.snapshot()["admin_url"], "the admin server")
+    status, body = _http(f"{base}/metrics")
+    assert status == 200
+    assert b"allocator_is_leader 1.0" in body
+    assert _http(f"{base}/healthz")[0] == 200
+    assert _http(f"{base}/readyz")[0] == 200
+    status, body = _http(f"{base}/status")
+    assert json.loads(body)["role"] == "leader"
+    assert _http(f"{base}/step-down", "POST")[0] == 401
+    assert _http(f"{base}/step-down", "POST", token="wrong")[0] == 401
+    assert _http(f"{base}/nothing")[0] == 404
+    assert _http(f"{base}/step-down", "POST", token="s3cret")[0] == 202
+    wait_for(lambda: leader.node.snapshot()["role"] == "follower", "a to step down")
+
+
+def test_step_down_over_http_is_refused_without_a_configured_token(
+    make_node: Callable[..., RunningNode], db_url: str
+) -> None:
+    leader = make_node("a")
+    wait_for(lambda: fence(db_url)[1] == "a", "a to lead")
+    base = wait_for(lambda: leader.node.snapshot()["admin_url"], "the admin server")
+    assert _http(f"{base}/step-down", "POST", token="")[0] == 403
