@@ -41,6 +41,7 @@ VIEW_INTERVAL_S = 0.5
 CLAIM_PAUSE_S = 0.01
 LEADER_DEADLINE_S = 60.0
 ELECTION_PATH = "/election"
+DEMO_NODE_ENV = {"ALLOCATOR_POOL_MIN_BLOCKS": "1000", "ALLOCATOR_POOL_SAMPLE_INTERVAL_S": "1"}
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -102,7 +103,9 @@ def demo(state_dir: Path, zk_servers: str, phase_s: float, keep: bool) -> None:
     """Run the embedded cluster with 3 nodes, fail the leader over, and stop it all."""
     signal.signal(signal.SIGTERM, _on_sigterm)
     logging.getLogger("kazoo").setLevel(logging.ERROR)
-    cluster = LocalCluster(state_dir, zk_servers=int(zk_servers))
+    # The consumer claims ~100 blocks/s from a cold start, before the leader has seen any
+    # claim rate: start from a pool that covers the first seconds (runway takes over later).
+    cluster = LocalCluster(state_dir, zk_servers=int(zk_servers), node_env=DEMO_NODE_ENV)
     info: ClusterInfo | None = None
     try:
         started = time.monotonic()
