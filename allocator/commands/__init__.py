@@ -4,9 +4,22 @@ from __future__ import annotations
 
 import click
 
-from allocator.commands import config_cmd, decode, demo, drill, local, migrate_cmd, run, status
+from allocator.commands import (
+    bench_client,
+    claim,
+    config_cmd,
+    decode,
+    demo,
+    drill,
+    local,
+    migrate_cmd,
+    run,
+    status,
+)
 
 COMMANDS: list[click.Command] = [
+    bench_client.bench,
+    claim.claim,
     config_cmd.config,
     decode.decode,
     demo.demo,

@@ -1,0 +1,86 @@
+"""``allocator claim``: claim ID blocks from a shell or a script, in one SQL call.
+
+Rules:
+
+- One ``allocator.claim_blocks(consumer, count)`` call over a short-lived connection
+  (:func:`allocator.client.claim_once`); the blocks are durably claimed when it returns
+  and belong to ``--consumer`` for good: nothing hands them back, so claim only what you
+  will use.
+- The database URL is ``--database-url`` (``ALLOCATOR_CLAIM_DATABASE_URL``), else the
+  config's ``postgres.url`` (file, ``ALLOCATOR_POSTGRES_URL``, ``--set``). Any role that
+  was granted ``allocator_consumer`` will do.
+- Output: one line per block, ``block_id first_id last_id`` (inclusive), oldest first; or,
+  with ``--json``, ``{"consumer", "requested", "blocks": [{"block_id", "first_id",
+  "last_id", "size"}]}``. When the pool runs short the call returns fewer blocks than asked
+  (exit 0, a note on stderr).
+- Exit status: 0 claimed at least one block; 2 bad arguments (``--count`` outside 1..1000,
+  a consumer name the database refuses: AL001/AL002); 75 (EX_TEMPFAIL) the pool is empty
+  (AL003) or PostgreSQL is unreachable, retry later; 78 bad configuration; 1 any other
+  error. Errors are one line on stderr.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from allocator import client
+from allocator import config as config_mod
+
+
+@click.command("claim")
+@click.option(
+    "--consumer",
+    required=True,
+    show_envvar=True,
+    help="Name the blocks are claimed for (1..128 characters, no control characters).",
+)
+@click.option(
+    "--count",
+    type=click.IntRange(1, client.MAX_BATCH_BLOCKS),
+    default=1,
+    show_envvar=True,
+    help="Blocks to claim in one call; fewer come back when the pool runs short.",
+)
+@click.option("--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object.")
+@click.option(
+    "--database-url",
+    default=None,
+    show_envvar=True,
+    help="PostgreSQL URL of a role granted allocator_consumer. [default: config postgres.url]",
+)
+@config_mod.config_options
+def claim(
+    consumer: str,
+    count: int,
+    as_json: bool,
+    database_url: str | None,
+    config_path: Path | None,
+    set_pairs: tuple[str, ...],
+) -> None:
+    """Claim COUNT ID blocks for CONSUMER and print them (exit 75 when the pool is empty)."""
+    client.check_consumer(consumer)
+    flags = {"postgres.url": database_url} if database_url else {}
+    config = config_mod.load_from_options(config_path, set_pairs, flags)
+    blocks = client.claim_once(
+        config.postgres.url.get_secret_value(),
+        consumer,
+        count,
+        connect_timeout_s=config.postgres.connect_timeout_s,
+        statement_timeout_ms=config.postgres.statement_timeout_ms,
+        application_name="allocator-claim",
+    )
+    if as_json:
+        document = {
+            "consumer": consumer,
+            "requested": count,
+            "blocks": [block.to_json() for block in blocks],
+        }
+        click.echo(json.dumps(document))
+    else:
+        for block in blocks:
+            click.echo(f"{block.block_id} {block.first_id} {block.last_id}")
+    if len(blocks) < count:
+        click.echo(f"note: claimed {len(blocks)} of {count} blocks: the pool ran short", err=True)
