@@ -1,0 +1,53 @@
+"""docs/claiming-ids.md: the psql snippet, run as written against a consumer role."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from tests.fixtures.pg import cut, take_fence, url_for_user
+
+pytestmark = pytest.mark.integration
+
+GUIDE = Path(__file__).resolve().parents[2] / "docs" / "claiming-ids.md"
+
+
+def psql_snippet() -> str:
+    text = GUIDE.read_text()
+    section = text.split("### psql", 1)[1]
+    match = re.search(r"```sh\n(.*?)```", section, re.S)
+    assert match, "the guide's psql snippet is missing"
+    return match.group(1).replace("\\\n", " ")
+
+
+@pytest.fixture
+def consumer_url(db_url: str) -> Iterator[str]:
+    name = f"guide_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        admin.execute(
+            sql.SQL("CREATE ROLE {} LOGIN IN ROLE allocator_consumer").format(sql.Identifier(name))
+        )
+        take_fence(admin, 5)
+        cut(admin, 5, [(1 << 22, (1 << 22) + 4095)])
+    yield url_for_user(db_url, name)
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+
+
+def test_the_psql_snippet_claims_a_block(consumer_url: str) -> None:
+    command = psql_snippet().replace(
+        '"postgresql://orders_api@127.0.0.1:5432/allocator"', f'"{consumer_url}"'
+    )
+    assert consumer_url in command, "the snippet's URL changed: update this test"
+    # psql comes with the project's system dependencies (scripts/install-system-deps.sh)
+    result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    first, last = (int(v) for v in result.stdout.split())
+    assert (first, last) == (1 << 22, (1 << 22) + 4095)
