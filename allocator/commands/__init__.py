@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import click
 
-from allocator.commands import (
+from allocator.commands import (  # bench_claims registers `bench claims` on import
+    bench_claims,  # noqa: F401
     bench_client,
     claim,
     config_cmd,
