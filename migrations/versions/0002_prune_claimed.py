@@ -24,9 +24,9 @@ Why pruning never weakens I1 or I2
   never touches ``high_water``. So every pruned ID is at or below the mark, and any block
   cut later starts strictly above it: a new block can never overlap a pruned one (I1), and
   first IDs keep increasing in cutting order across leaders (I2). That check, not the
-  exclusion constraint, is what covers history that is no longer retained.
-* Among retained blocks, the exclusion constraint ``blocks_no_overlap`` still forbids
-  overlap whoever writes; deleting rows cannot create an overlap.
+  ``blocks_disjoint`` trigger, is what covers history that is no longer retained.
+* Among retained blocks, the ``blocks_disjoint`` trigger still forbids overlap on every
+  insert; deleting rows cannot create an overlap.
 * No ID is handed out twice: only claimed blocks are deleted, a claim only updates a row
   that exists and is unclaimed, and nothing re-inserts or un-claims a row, so a pruned
   block's IDs are never offered again. Claim tickets for new blocks are numbered from

@@ -233,6 +233,23 @@ def test_overlapping_blocks_are_refused_even_to_a_superuser(conn: psycopg.Connec
         )
 
 
+def test_overlap_within_one_insert_and_moved_ranges_are_refused(
+    conn: psycopg.Connection,
+) -> None:
+    with pytest.raises(pg_errors.ExclusionViolation):
+        conn.execute(
+            "INSERT INTO allocator.blocks (ticket, first_id, last_id, epoch)"
+            " VALUES (1, 100, 200, 1), (2, 150, 300, 1)"
+        )
+    take_fence(conn, EPOCH)
+    cut(conn, EPOCH, blocks(1000, 2, size=100))
+    with pytest.raises(psycopg.Error) as caught:
+        conn.execute("UPDATE allocator.blocks SET last_id = last_id + 50 WHERE first_id = 1000")
+    assert caught.value.sqlstate == "AL103"
+    # claims and requeues update other columns and are untouched by the guard
+    assert len(claim(conn, "app")) == 1
+
+
 def test_leader_history_records_terms(conn: psycopg.Connection) -> None:
     take_fence(conn, EPOCH, holder="node-a")
     take_fence(conn, EPOCH + 5, holder="node-b")

@@ -23,6 +23,7 @@ FUNCTIONS = {
     "prune_claimed",
     "available_blocks",
     "lock_fence",
+    "blocks_disjoint",
 }
 ROLES = {"allocator_consumer", "allocator_node", "allocator_operator"}
 

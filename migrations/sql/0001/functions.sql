@@ -1,5 +1,5 @@
--- allocator schema 0001: functions. Every function is SECURITY DEFINER with a pinned
--- search_path; EXECUTE is revoked from PUBLIC in roles.sql and granted per role.
+-- allocator schema 0001: functions. Every callable function is SECURITY DEFINER with a
+-- pinned search_path; EXECUTE is revoked from PUBLIC in roles.sql and granted per role.
 --
 -- Own SQLSTATEs (class AL; stable, documented in docs/sql.md):
 --   AL001 invalid consumer (NULL, empty, longer than 128 characters, control characters)
@@ -10,6 +10,56 @@
 --   AL102 not after the high-water mark (I2: blocks must follow every block ever cut)
 --   AL103 invalid block batch (shape: empty, arrays of different length, last < first,
 --         out of order or overlapping within the batch)
+
+-- I1 in the database, whoever inserts: after every INSERT statement, each new block must end
+-- before the next block by first_id and start after the previous one (two index probes per
+-- new row on blocks_first_id_unique). Inserts are serialised by cut_blocks' lock on the
+-- high_water row, so concurrent inserts cannot slip past each other; a session that writes
+-- around cut_blocks (a superuser) must not insert concurrently. Ranges never move: an
+-- UPDATE of first_id/last_id is refused. Raises exclusion_violation (23P01), like the
+-- exclusion constraint it replaces. (Blocks already pruned by retention are covered by
+-- cut_blocks' high-water check.)
+CREATE FUNCTION allocator.blocks_disjoint()
+RETURNS trigger
+LANGUAGE plpgsql
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        RAISE EXCEPTION 'block ranges never change (block %)', OLD.block_id
+            USING ERRCODE = 'AL103';
+    END IF;
+    IF EXISTS (
+        SELECT 1
+          FROM inserted n
+          JOIN LATERAL (SELECT b.last_id FROM allocator.blocks b
+                         WHERE b.first_id < n.first_id
+                         ORDER BY b.first_id DESC LIMIT 1) prev ON true
+         WHERE prev.last_id >= n.first_id
+    ) OR EXISTS (
+        SELECT 1
+          FROM inserted n
+          JOIN LATERAL (SELECT b.first_id FROM allocator.blocks b
+                         WHERE b.first_id > n.first_id
+                         ORDER BY b.first_id LIMIT 1) next ON true
+         WHERE next.first_id <= n.last_id
+    ) THEN
+        RAISE EXCEPTION 'blocks overlap: a new block shares IDs with another block'
+            USING ERRCODE = 'exclusion_violation';
+    END IF;
+    RETURN NULL;
+END
+$fn$;
+
+CREATE TRIGGER blocks_disjoint_insert
+    AFTER INSERT ON allocator.blocks
+    REFERENCING NEW TABLE AS inserted
+    FOR EACH STATEMENT EXECUTE FUNCTION allocator.blocks_disjoint();
+
+CREATE TRIGGER blocks_ranges_fixed
+    BEFORE UPDATE OF first_id, last_id ON allocator.blocks
+    FOR EACH ROW EXECUTE FUNCTION allocator.blocks_disjoint();
+
 
 CREATE FUNCTION allocator.claim_blocks(consumer text, n integer DEFAULT 1)
 RETURNS TABLE (block_id bigint, first_id bigint, last_id bigint)
