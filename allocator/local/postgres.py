@@ -22,7 +22,8 @@ Rules:
   ``unix_socket_directories=''``, ``max_connections=200``, and a documented block for a
   durable but fast claim path (:data:`CLAIM_PATH_SETTINGS`): ``fsync``,
   ``synchronous_commit`` and ``full_page_writes`` stay on (durability tests depend on them),
-  256MB shared buffers, 16MB WAL buffers, checkpoints by time (``max_wal_size=1GB``,
+  group commit (``commit_delay=500``, ``commit_siblings=5``), 256MB shared buffers, 16MB WAL
+  buffers, checkpoints by time (``max_wal_size=1GB``,
   ``checkpoint_timeout=5min``), ``wal_writer_delay=10ms``, ``autovacuum_naptime=10s``.
 - The postmaster is a daemon started directly (``postgres -D``), so we hold its pid. Stop
   modes are the signals ``pg_ctl`` sends: smart = SIGTERM, fast = SIGINT, immediate =
@@ -238,6 +239,14 @@ CLAIM_PATH_SETTINGS: tuple[_Setting, ...] = (
     ("fsync", "on", "never off: a crash would lose or corrupt committed claims"),
     ("synchronous_commit", "on", "a commit returns only once its WAL is flushed"),
     ("full_page_writes", "on", "no torn pages after a crash mid-write"),
+    (
+        "commit_delay",
+        "500",
+        "group commit: with >= commit_siblings transactions open, wait 0.5 ms before the WAL "
+        "flush so one fsync covers several claims (measured +5.5 % claims/s at 32 clients; "
+        "2 ms was 17 % worse)",
+    ),
+    ("commit_siblings", "5", "only delay when enough other transactions could join the flush"),
     (
         "shared_buffers",
         "'256MB'",

@@ -306,6 +306,8 @@ def test_postgres_answers_and_recovers_from_an_immediate_stop(cluster3: LocalClu
             "fsync": "on",
             "synchronous_commit": "on",
             "full_page_writes": "on",
+            "commit_delay": "500",
+            "commit_siblings": "5",
             "shared_buffers": "256MB",
             "wal_buffers": "16MB",
             "max_wal_size": "1GB",
