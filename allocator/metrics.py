@@ -64,5 +64,8 @@ class NodeMetrics:
             "allocator_refill_duration_seconds", "Time of one refill run", registry=r
         )
         self.job_errors = Counter(
-            "allocator_job_errors", "Scheduled job runs that failed", ["job"], registry=r
+            "allocator_job_errors",
+            "Scheduled job runs that failed (label task: not job, which Prometheus owns)",
+            ["task"],
+            registry=r,
         )

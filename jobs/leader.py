@@ -95,5 +95,5 @@ class LeaderJobs:
 
     def _on_error(self, event: JobExecutionEvent) -> None:
         if self._ctx is not None:
-            self._ctx.metrics.job_errors.labels(job=event.job_id).inc()
+            self._ctx.metrics.job_errors.labels(task=event.job_id).inc()
         log.error("event=job_failed job=%s error=%r", event.job_id, event.exception)
