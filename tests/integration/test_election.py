@@ -83,6 +83,7 @@ def test_followers_watch_only_their_predecessor_and_exit_wakes_one(
     watches = election_watches()
     assert sum(watches.values()) == CONTENDERS - 1
     assert max(watches.values()) == 1  # at most one watcher per election znode
+    clients[0].sync("/election")  # its server may lag behind the other sessions' creates
     order = [c.znode for c in read_contenders(clients[0], "/election")]
     assert order == [e.znode for e in elections]
     # followers watch exactly their predecessors
@@ -111,4 +112,7 @@ def test_token_is_the_czxid_of_our_own_node(zk_hosts: str, clients: list[KazooCl
     assert first.still_ours()
     first.leave()
     assert not first.still_ours()
+    # Another session may be served by another server, which can lag: sync() first, as
+    # ZooKeeper requires for read-your-other-session's-writes.
+    clients[1].sync("/election")
     assert [c.identity.name for c in read_contenders(clients[1], "/election")] == ["b"]
