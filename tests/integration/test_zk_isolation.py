@@ -26,6 +26,7 @@ def test_chroot_hides_other_tests_paths(cluster: ClusterInfo, zk_hosts: str) -> 
         assert not mine.exists("/election")
         mine.create("/election/n_", b"me", ephemeral=True, sequence=True, makepath=True)
         assert len(mine.get_children("/election")) == 1
+        outsider.sync(f"{chroot}/election")  # another session: its server may lag
         assert outsider.get_children(f"{chroot}/election")
     finally:
         for client in (mine, outsider):
