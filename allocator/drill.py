@@ -434,9 +434,15 @@ class ConsumerStats:
 class Consumers:
     """Threads that claim blocks through the consumer URL and record what they got."""
 
-    def __init__(self, url: str, count: int = CONSUMERS, interval_s: float = CLAIM_INTERVAL_S):
+    def __init__(
+        self,
+        url: str,
+        count: int = CONSUMERS,
+        interval_s: float = CLAIM_INTERVAL_S,
+        prefix: str = "drill-consumer",
+    ) -> None:
         self._url = url
-        self._names = [f"drill-consumer-{i}" for i in range(1, count + 1)]
+        self._names = [f"{prefix}-{i}" for i in range(1, count + 1)]
         self._interval_s = interval_s
         self._stop = threading.Event()
         self._lock = threading.Lock()

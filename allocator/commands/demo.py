@@ -14,12 +14,9 @@ duplicates found among the consumer's ranges (0).
 
 from __future__ import annotations
 
-import itertools
 import logging
 import signal
-import threading
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -34,6 +31,7 @@ if TYPE_CHECKING:
     import psycopg
     from kazoo.client import KazooClient
 
+    from allocator.drill import Consumers
     from allocator.local.cluster import ClusterInfo
 
 DEFAULT_STATE_DIR = Path(".run/demo")
@@ -46,45 +44,6 @@ DEMO_NODE_ENV = {"ALLOCATOR_POOL_MIN_BLOCKS": "1000", "ALLOCATOR_POOL_SAMPLE_INT
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
-
-
-@dataclass
-class Consumer:
-    """Claims one block at a time and keeps its own record of every range it got."""
-
-    url: str
-    ranges: list[tuple[int, int]] = field(default_factory=list)
-    pool_empty: int = 0
-    errors: int = 0
-    stop: threading.Event = field(default_factory=threading.Event)
-
-    def run(self) -> None:
-        import psycopg
-
-        conn: psycopg.Connection[tuple[int, int]] | None = None
-        while not self.stop.is_set():
-            try:
-                if conn is None or conn.closed:
-                    conn = psycopg.connect(self.url, autocommit=True, connect_timeout=5)
-                row = conn.execute(
-                    "SELECT first_id, last_id FROM allocator.claim_blocks('demo-consumer')"
-                ).fetchone()
-                if row is not None:
-                    self.ranges.append((int(row[0]), int(row[1])))
-            except psycopg.Error as exc:
-                if getattr(exc, "sqlstate", None) == "AL003":
-                    self.pool_empty += 1
-                else:
-                    self.errors += 1
-                    conn = None
-            self.stop.wait(CLAIM_PAUSE_S)
-        if conn is not None:
-            conn.close()
-
-    def duplicates(self) -> int:
-        """Overlapping or repeated ranges among everything this consumer was handed."""
-        ordered = sorted(self.ranges)
-        return sum(1 for a, b in itertools.pairwise(ordered) if b[0] <= a[1])
 
 
 @click.command("demo")
@@ -149,10 +108,16 @@ def _story(
     leader, epoch = _wait_for_leader(admin, None)
     _step(f"elected: {leader} (fence epoch {epoch}); it fills the pool")
     _wait_for_pool(admin)
-    consumer = Consumer(info.to_json()["consumer_database_url"])
-    thread = threading.Thread(target=consumer.run, name="demo-consumer", daemon=True)
-    thread.start()
-    _step("a consumer claims blocks: SELECT * FROM allocator.claim_blocks('demo-consumer')")
+    from allocator.drill import Consumers, check_ledger, check_records
+
+    consumer = Consumers(
+        info.to_json()["consumer_database_url"],
+        count=1,
+        interval_s=CLAIM_PAUSE_S,
+        prefix="demo-consumer",
+    )
+    consumer.start()
+    _step("a consumer claims blocks: SELECT * FROM allocator.claim_blocks('demo-consumer-1')")
     _view(admin, zk, consumer, phase_s)
     victim = cluster.status()
     pid = next(n.pid for n in victim.nodes if n.name == leader)
@@ -163,21 +128,28 @@ def _story(
     handover_s = time.monotonic() - killed_at
     _step(f"handover: {new_leader} took the fence (epoch {new_epoch}) after {handover_s:.2f} s")
     _view(admin, zk, consumer, phase_s)
-    consumer.stop.set()
-    thread.join(timeout=10)
-    missing = _missing_from_ledger(admin, consumer)
+    consumer.stop()
+    stats, _ = consumer.snapshot()
+    records = consumer.records
+    duplicates = sum(v.count for v in check_records(records))
+    ledger = {v.check: v.count for v in check_ledger(info.database_url, records)}
+    missing = ledger.pop("claim_missing_from_ledger", 0)
     session_timeout_ms = info.to_json().get("session_timeout_ms")
-    ids = sum(last - first + 1 for first, last in consumer.ranges)
+    ids = sum(last - first + 1 for _, first, last, _ in records)
     click.echo("")
     click.echo("summary")
-    click.echo(f"  blocks claimed      {len(consumer.ranges)} ({ids} IDs)")
+    click.echo(f"  blocks claimed      {len(records)} ({ids} IDs)")
     click.echo(
         f"  handover time       {handover_s:.2f} s after SIGKILL "
         f"(session timeout {session_timeout_ms} ms)"
     )
-    click.echo(f"  duplicates found    {consumer.duplicates()}")
+    click.echo(f"  duplicates found    {duplicates}")
     click.echo(f"  missing from ledger {missing}")
-    click.echo(f"  pool-empty answers  {consumer.pool_empty}; other claim errors {consumer.errors}")
+    click.echo(
+        f"  ledger checks       {sum(ledger.values())} violations "
+        f"(overlap, cut order, stale epoch){' ' + str(sorted(ledger)) if ledger else ''}"
+    )
+    click.echo(f"  pool-empty answers  {stats.pool_empty}; other claim errors {stats.claim_errors}")
     click.echo("")
 
 
@@ -206,7 +178,7 @@ def _wait_for_pool(admin: psycopg.Connection[tuple[object, ...]]) -> None:
 def _view(
     admin: psycopg.Connection[tuple[object, ...]],
     zk: KazooClient,
-    consumer: Consumer,
+    consumer: Consumers,
     seconds: float,
 ) -> None:
     """The live view: fence holder, election queue, pool level, the consumer's progress."""
@@ -221,18 +193,9 @@ def _view(
         queue = " > ".join(c.identity.name for c in read_contenders(zk, ELECTION_PATH)) or "-"
         click.echo(
             f"  {time.strftime('%H:%M:%S')}  fence {holder} (epoch {epoch})  queue {queue:<24}"
-            f"  pool {available} blocks  claimed {len(consumer.ranges)}"
+            f"  pool {available} blocks  claimed {consumer.snapshot()[1]}"
         )
         time.sleep(VIEW_INTERVAL_S)
-
-
-def _missing_from_ledger(admin: psycopg.Connection[tuple[object, ...]], consumer: Consumer) -> int:
-    """Ranges the consumer was handed that the ledger does not show as its claims (I4)."""
-    rows = admin.execute(
-        "SELECT first_id, last_id FROM allocator.block_ledger WHERE claimed_by = 'demo-consumer'"
-    ).fetchall()
-    ledger = {(int(str(a)), int(str(b))) for a, b in rows}
-    return sum(1 for r in consumer.ranges if r not in ledger)
 
 
 def _step(message: str) -> None:
