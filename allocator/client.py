@@ -10,14 +10,21 @@ Rules:
 - Double buffer, like Leaf's segments: a *segment* is the blocks one claim returned (up to
   ``batch_blocks``). IDs are handed out from the current segment, block by block, ascending
   within each block. When ``refill_at`` (a fraction, by ID count) of the current segment is
-  left, a background claimer claims the next segment, so that ``next_id()`` normally never
-  waits on the database. At most one segment is prefetched; the claimer is otherwise idle.
+  left, the next segment is claimed while the IDs keep flowing, so that ``next_id()``
+  normally never waits on the database: :class:`IdClient` sends that claim from the
+  caller's own thread without waiting and collects its answer at a later block boundary
+  (see Latency); otherwise (asyncio, a pool, a custom claimer, the first claim, retries) a
+  background claimer (thread or task) claims it. At most one claim is out and at most one
+  segment prefetched; the claimer is otherwise idle.
 - Sizing: at the peak rate, ``refill_at`` of a segment must outlast a claim (a durable
-  commit: milliseconds, more on a busy server) plus, for the thread client, the claimer's
-  wait for the GIL (up to ``sys.getswitchinterval()``, 5 ms, twice). With
-  ``max_batch_blocks`` above ``batch_blocks`` the client doubles its claims, up to that
-  bound, whenever a caller had to wait for a late prefetch (Leaf's dynamic step, growing
-  only); it never shrinks them, so at most about two segments are lost at close.
+  commit: milliseconds, more on a busy server). The thread client collects a prefetch at
+  the first block boundary after its answer arrived (with one block per segment: the
+  segment's end); when that answer is late, the caller hands the claim to the claimer
+  thread and also waits for that thread to get the GIL (up to
+  ``sys.getswitchinterval()``, 5 ms, twice). With ``max_batch_blocks`` above
+  ``batch_blocks`` the client doubles its claims, up to that bound, whenever a caller had
+  to wait for a late prefetch (Leaf's dynamic step, growing only); it never shrinks them,
+  so at most about two segments are lost at close.
 - Hot path: ``next_id()`` is a lock acquire, an integer increment, two comparisons and a
   release; it allocates nothing but the returned int. Switching blocks or segments, asking
   for a refill, waiting and failing all happen on the slow path.
@@ -49,15 +56,37 @@ Rules:
   a claim whose answer never arrived (connection lost after commit), for a claim still
   running when ``close()`` stopped waiting for it (``complete=False``; what it returns is
   logged as ``client_blocks_lost_after_close``), and for the IDs a ``take()`` had gathered
-  when ``close()`` interrupted it. A claim that lands while ``close()`` waits is reported.
-- Latency: the thread client's claimer shares the GIL, so while it runs Python code (well
-  under a millisecond per claim) or the OS keeps it off a CPU while it holds the GIL, a
-  ``next_id()`` in another thread waits too. ``allocator bench client`` measures the worst
-  calls next to the machine's own noise floor. ``get_stats()`` counts waits and times claims.
+  when ``close()`` interrupted it. A claim that lands while ``close()`` waits is reported
+  (one a caller's thread began included: ``close()`` has the claimer thread finish it).
+- Latency: no GIL hand-over in the steady state. A claimer thread that wakes (for the
+  trigger, and again when its query's answer arrives) needs the GIL; a ``next_id()``
+  spinning in another thread is made to drop it and gets it back only when the OS runs it
+  again, on a busy machine milliseconds later. So :class:`IdClient` keeps that thread
+  asleep: the caller that hands out the trigger ID sends the claim itself
+  (:meth:`NonBlockingClaimer.begin`: libpq's non-blocking send, microseconds), and callers
+  look for the answer at each block boundary (``poll()``: one non-blocking read) and buffer
+  it. It does so with its own connection from a conninfo string (or any
+  :class:`NonBlockingClaimer`), once that connection is open, while no claim is out and
+  the last one did not fail. The claimer thread does everything cold: the first claim and
+  connecting, claims over a ``psycopg_pool`` pool or a plain :class:`Claimer`, retries with
+  backoff after any failure (a failed begun claim included), and a begun claim whose answer
+  is late: a caller that finds nothing buffered hands it over, and so does ``close()``;
+  the thread waits in ``finish()`` on the socket (GIL released), for at most the statement
+  timeout plus ``connect_timeout_s``, then carries on as after its own claims. One thread at
+  a time uses the connection: the claimer thread from setting ``_claim_in_flight`` until
+  clearing it (both under the client's lock) and never while a begun claim is out; a
+  caller only under that lock, to begin (no claim in flight) or poll (a begun claim not
+  yet handed over); after the hand-over only the claimer thread. Python code on another
+  thread (a hand-over, a retry, an application thread) still costs the spinning caller the
+  GIL. ``allocator bench client`` measures the worst calls next to the machine's own noise
+  floor. ``get_stats()`` counts waits, times claims (a claim a caller collected: until
+  collected) and says who ran them (``claims_begun``, ``claims_on_caller_thread``,
+  ``claims_handed_over``, ``claims_on_claimer_thread``).
 - Sharing: :class:`IdClient` is safe to share among threads. :class:`AsyncIdClient` belongs
   to one event loop. Neither survives ``fork()``: in a child process every client inherited
-  from the parent drops its buffered IDs (the parent keeps handing them out) and refuses
-  to work (:class:`ClientClosedError`); create clients after forking.
+  from the parent drops its buffered IDs (the parent keeps handing them out), leaves a
+  claim the parent had out and the parent's connection alone, and refuses to work
+  (:class:`ClientClosedError`); create clients after forking.
 """
 
 from __future__ import annotations
@@ -68,6 +97,7 @@ import logging
 import math
 import os
 import random
+import selectors
 import threading
 import time
 import weakref
@@ -75,9 +105,11 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, Final, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
 
 import psycopg
+from psycopg.pq import ExecStatus, TransactionStatus
+from psycopg.pq.abc import PGresult
 from psycopg.rows import TupleRow
 from psycopg_pool import AsyncConnectionPool, ConnectionPool, PoolClosed
 
@@ -110,6 +142,10 @@ CLAIM_BLOCKS: Final = (
     "SELECT block_id, first_id, last_id FROM allocator.claim_blocks(%(consumer)s, %(n)s)"
 )
 SET_STATEMENT_TIMEOUT: Final = "SELECT set_config('statement_timeout', %(ms)s, false)"
+CLAIM_BLOCKS_PQ: Final = b"SELECT block_id, first_id, last_id FROM allocator.claim_blocks($1, $2)"
+""":data:`CLAIM_BLOCKS` for libpq's own placeholders (:meth:`PostgresClaimer.begin`)."""
+_TEXT_OID: Final = 25
+_INT4_OID: Final = 23
 
 _ARGUMENT_SQLSTATES = frozenset({"AL001", "AL002"})
 _POOL_EMPTY_SQLSTATE = "AL003"
@@ -184,6 +220,36 @@ class Claimer(Protocol):
     def claim(self, consumer: str, n: int) -> list[Block]: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class NonBlockingClaimer(Claimer, Protocol):
+    """A :class:`Claimer` that can also claim without blocking its caller, so that
+    :class:`IdClient` can send its prefetch from the thread that asked for it and collect
+    the answer later, with no other thread involved (module docstring, Latency).
+
+    One claim at a time: ``begin`` it, then ``poll`` until it returns the blocks (or raises),
+    or ``finish`` it. Nothing else (``claim`` included) may use the claimer in between. The
+    calls may come from different threads, never at the same time.
+    """
+
+    def begin(self, consumer: str, n: int) -> bool:
+        """Send a claim of up to ``n`` blocks without waiting for it; False (nothing sent)
+        when this claimer cannot right now (no connection open yet, a pool, a connection
+        not idle, a send that failed): use :meth:`claim` then. Never blocks, never raises."""
+        ...
+
+    def poll(self) -> list[Block] | None:
+        """The begun claim's blocks if its answer is in, else None; never blocks. Raises the
+        translated errors, as :meth:`claim`; the claim is over once this returns blocks or
+        raises."""
+        ...
+
+    def finish(self, timeout_s: float | None = None) -> list[Block]:
+        """Wait for the begun claim's answer (at most ``timeout_s``; None: the claimer's own
+        bound), as :meth:`poll` but blocking. Past the bound the claim is abandoned (what it
+        claimed is lost) and :class:`~allocator.errors.DatabaseUnavailableError` raised."""
+        ...
 
 
 class AsyncClaimer(Protocol):
@@ -262,10 +328,27 @@ def _connect_timeout(seconds: float) -> int:
 # -- PostgreSQL claimers -----------------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class _SentClaim:
+    """A claim :meth:`PostgresClaimer.begin` sent: its connection, whether libpq has flushed
+    it all to the socket yet, and the results read so far."""
+
+    conn: psycopg.Connection[TupleRow]
+    flushed: bool
+    results: list[PGresult]
+
+
 class PostgresClaimer:
     """Claims over one connection of its own (opened on first claim, reopened after a
     failure) from a conninfo string, or over connections borrowed from a ``psycopg_pool``
-    pool (whose settings are then the pool owner's business)."""
+    pool (whose settings are then the pool owner's business).
+
+    It is a :class:`NonBlockingClaimer` over its own connection once that is open (the first
+    :meth:`claim` opens it; ``begin`` never connects): ``begin`` sends the claim with libpq's
+    non-blocking calls (psycopg keeps its connections in non-blocking mode), ``poll`` reads
+    what has arrived, ``finish`` waits on the socket with the GIL released, for at most the
+    statement timeout plus ``connect_timeout_s``. Over a pool ``begin`` always declines.
+    """
 
     def __init__(
         self,
@@ -279,9 +362,13 @@ class PostgresClaimer:
         self._connect_timeout_s = connect_timeout_s
         self._statement_timeout_ms = statement_timeout_ms
         self._application_name = application_name
+        self._answer_timeout_s = statement_timeout_ms / 1000 + connect_timeout_s
         self._conn: psycopg.Connection[TupleRow] | None = None
+        self._sent: _SentClaim | None = None
 
     def claim(self, consumer: str, n: int) -> list[Block]:
+        if self._sent is not None:  # a begun claim nobody finished: abandon it (lost)
+            self.close()
         params = {"consumer": consumer, "n": n}
         try:
             if isinstance(self._source, ConnectionPool):
@@ -312,8 +399,122 @@ class PostgresClaimer:
             self._conn = conn
         return self._conn
 
+    def begin(self, consumer: str, n: int) -> bool:
+        """Send a claim over the own connection without waiting (see
+        :class:`NonBlockingClaimer`). libpq writes the few hundred bytes into the socket
+        buffer at once; the rare rest is flushed by :meth:`poll`."""
+        conn = self._conn
+        if self._sent is not None or conn is None or conn.closed:
+            return False  # also: a pool source, which never opens a connection of its own
+        pgconn = conn.pgconn
+        if pgconn.transaction_status != TransactionStatus.IDLE:
+            return False
+        try:
+            params = [consumer.encode(conn.info.encoding), str(n).encode()]
+        except (UnicodeError, LookupError):
+            return False  # claim() reports it
+        try:
+            pgconn.send_query_params(CLAIM_BLOCKS_PQ, params, param_types=[_TEXT_OID, _INT4_OID])
+            flushed = pgconn.flush() == 0
+        except psycopg.Error:
+            # Broken connection: claim() reconnects. Had the server read the whole claim, its
+            # blocks are lost, like any claim whose answer never arrives.
+            self.close()
+            return False
+        self._sent = _SentClaim(conn, flushed, [])
+        return True
+
+    def poll(self) -> list[Block] | None:
+        """The begun claim's blocks once its answer is in (see :class:`NonBlockingClaimer`):
+        ``consume_input`` reads what the socket holds, ``is_busy`` tells whether libpq can
+        hand out the next result without waiting."""
+        sent = self._sent
+        if sent is None:
+            raise RuntimeError("PostgresClaimer.poll() without a claim begun")
+        pgconn = sent.conn.pgconn
+        try:
+            if not sent.flushed:
+                pgconn.consume_input()  # libpq: read whatever is readable, then flush again
+                if pgconn.flush() != 0:
+                    return None
+                sent.flushed = True
+            pgconn.consume_input()
+            while not pgconn.is_busy():
+                result = pgconn.get_result()
+                if result is None:
+                    break
+                sent.results.append(result)
+            else:
+                return None
+        except psycopg.Error as exc:  # the connection failed (OperationalError)
+            self._sent = None
+            self.close()
+            raise translate_claim_error(exc) from exc
+        self._sent = None
+        return self._blocks_from(sent)
+
+    def finish(self, timeout_s: float | None = None) -> list[Block]:
+        """Wait for the begun claim's answer (see :class:`NonBlockingClaimer`); the default
+        bound is the statement timeout plus ``connect_timeout_s``."""
+        sent = self._sent
+        if sent is None:
+            raise RuntimeError("PostgresClaimer.finish() without a claim begun")
+        limit = self._answer_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        blocks = self.poll()
+        if blocks is not None:
+            return blocks
+        try:
+            fd = sent.conn.pgconn.socket
+        except psycopg.Error as exc:
+            self._sent = None
+            self.close()
+            raise translate_claim_error(exc) from exc
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._sent = None
+                    self.close()  # abandons the claim: whatever it claimed is lost
+                    raise DatabaseUnavailableError(
+                        f"claim ID blocks: no answer from PostgreSQL within {limit:g} s"
+                    )
+                events = selectors.EVENT_READ | (0 if sent.flushed else selectors.EVENT_WRITE)
+                selector.modify(fd, events)
+                selector.select(remaining)
+                blocks = self.poll()
+                if blocks is not None:
+                    return blocks
+
+    def _blocks_from(self, sent: _SentClaim) -> list[Block]:
+        """The blocks in a finished claim's results, or its translated error (the connection
+        closed unless it was AL001..AL003, as :meth:`claim` does)."""
+        for result in sent.results:
+            if result.status == ExecStatus.FATAL_ERROR:
+                exc = psycopg.errors.error_from_result(result, encoding=sent.conn.info.encoding)
+                if (exc.sqlstate or "") not in _ARGUMENT_SQLSTATES | {_POOL_EMPTY_SQLSTATE}:
+                    self.close()
+                raise translate_claim_error(exc) from exc
+        rows = [r for r in sent.results if r.status == ExecStatus.TUPLES_OK]
+        blocks: list[Block] = []
+        if len(rows) == 1 and rows[0].nfields == 3:
+            result = rows[0]
+            for row in range(result.ntuples):
+                block_id, first_id, last_id = (result.get_value(row, column) for column in range(3))
+                if block_id is None or first_id is None or last_id is None:
+                    break
+                blocks.append(Block(int(block_id), int(first_id), int(last_id)))
+            else:
+                return blocks
+        self.close()
+        statuses = ",".join(ExecStatus(r.status).name for r in sent.results) or "none"
+        raise DatabaseError(f"claim ID blocks: unexpected answer from PostgreSQL ({statuses})")
+
     def close(self) -> None:
-        """Close the own connection (a borrowed pool stays open)."""
+        """Close the own connection (a borrowed pool stays open); a begun claim is
+        abandoned (what it claimed is lost)."""
+        self._sent = None
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
@@ -380,10 +581,20 @@ class InMemoryClaimer:
     """A fake pool for tests (yours and ours): consecutive blocks of ``block_size`` IDs from
     ``first_id``; after ``blocks`` blocks (None: never) it answers like an empty pool.
     Thread-safe; usable as a :class:`Claimer` and, through :meth:`as_async`, an
-    :class:`AsyncClaimer`."""
+    :class:`AsyncClaimer`.
+
+    With ``non_blocking`` it also plays a :class:`NonBlockingClaimer`: ``begin`` records the
+    claim, which is made (through :meth:`claim`, errors included) when its answer is
+    collected; :meth:`hold_answers` keeps answers out (``poll`` returns None, ``finish``
+    waits) until :meth:`release_answers`. Without it ``begin`` always declines."""
 
     def __init__(
-        self, *, block_size: int = 4096, first_id: int = 1 << 22, blocks: int | None = None
+        self,
+        *,
+        block_size: int = 4096,
+        first_id: int = 1 << 22,
+        blocks: int | None = None,
+        non_blocking: bool = False,
     ) -> None:
         if block_size < 1 or first_id < 0 or (blocks is not None and blocks < 0):
             raise ValueError("block_size must be >= 1, first_id and blocks >= 0")
@@ -395,6 +606,12 @@ class InMemoryClaimer:
         self.claims: list[tuple[str, int]] = []
         """Every call, as ``(consumer, n)``."""
         self.handed_out: list[Block] = []
+        self.non_blocking = non_blocking
+        self.begun: list[tuple[str, int]] = []
+        """Every claim ``begin`` accepted, as ``(consumer, n)``."""
+        self._sent: tuple[str, int] | None = None
+        self._answers = threading.Event()
+        self._answers.set()
 
     def add_blocks(self, count: int) -> None:
         """Stock the pool with ``count`` more blocks (when it is limited)."""
@@ -422,6 +639,46 @@ class InMemoryClaimer:
                 self._next_block_id += 1
             self.handed_out.extend(blocks)
             return blocks
+
+    def hold_answers(self) -> None:
+        """Keep begun claims unanswered until :meth:`release_answers`."""
+        self._answers.clear()
+
+    def release_answers(self) -> None:
+        self._answers.set()
+
+    @property
+    def claim_begun(self) -> bool:
+        """Whether a begun claim awaits collection."""
+        return self._sent is not None
+
+    def begin(self, consumer: str, n: int) -> bool:
+        with self._lock:
+            if not self.non_blocking or self._sent is not None:
+                return False
+            self._sent = (consumer, n)
+            self.begun.append((consumer, n))
+            return True
+
+    def poll(self) -> list[Block] | None:
+        with self._lock:
+            sent = self._sent
+            if sent is None:
+                raise RuntimeError("InMemoryClaimer.poll() without a claim begun")
+            if not self._answers.is_set():
+                return None
+            self._sent = None
+        return self.claim(*sent)
+
+    def finish(self, timeout_s: float | None = None) -> list[Block]:
+        limit = DEFAULT_STATEMENT_TIMEOUT_MS / 1000 if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        while (blocks := self.poll()) is None:
+            if not self._answers.wait(max(0.0, deadline - time.monotonic())):
+                with self._lock:
+                    self._sent = None
+                raise DatabaseUnavailableError(f"claim ID blocks: no answer within {limit:g} s")
+        return blocks
 
     def close(self) -> None:
         pass
@@ -840,6 +1097,11 @@ class IdClient(_Buffer):
       ``wait_timeout_s`` when nothing is buffered, then raise :class:`PoolEmptyError` (or
       :class:`DatabaseUnavailableError`).
     - The claimer thread starts on first use or :meth:`start`; the constructor does no I/O.
+    - The prefetch normally involves no other thread: the caller that hands out the trigger
+      ID sends the claim without waiting (over the client's own connection, or any
+      :class:`NonBlockingClaimer`), and callers collect its answer at block boundaries. The
+      claimer thread connects, makes the first claim, retries, waits for a late answer and
+      finishes a claim out at close (module docstring, Latency).
     - :meth:`close` stops it and returns the :class:`UnusedIds`: claimed, never handed out,
       and lost for good (never reused by anyone).
     """
@@ -882,6 +1144,23 @@ class IdClient(_Buffer):
             )
         else:
             self._claimer = conninfo_or_pool
+        self._non_blocking: NonBlockingClaimer | None = (
+            self._claimer if isinstance(self._claimer, NonBlockingClaimer) else None
+        )
+        self._begun = False
+        """A claim a caller's thread began is out (``_claim_in_flight`` is set too)."""
+        self._begun_handed_over = False
+        """...and the claimer thread owns it now: callers no longer poll it."""
+        self._begun_ns = 0
+        self._retry_error: AllocatorError | None = None
+        """A failed begun claim, collected by a caller: the claimer thread backs off, then
+        claims again."""
+        self._stats.update(
+            claims_begun=0,
+            claims_on_caller_thread=0,
+            claims_handed_over=0,
+            claims_on_claimer_thread=0,
+        )
         self._new_lock()
         self._thread: threading.Thread | None = None
 
@@ -956,6 +1235,98 @@ class IdClient(_Buffer):
     def _wake_claimer(self) -> None:
         self._claim_needed.notify()
 
+    # -- the prefetch on the caller's thread (lock held) ------------------------------------
+
+    def _refill_due(self) -> None:
+        """The trigger ID went out: send the next claim from this thread without waiting
+        when the claimer can, else wake the claimer thread (module docstring, Latency)."""
+        self._trigger = _NO_ID
+        self._refill_wanted = True
+        if not self._begin_claim():
+            self._wake_claimer()
+
+    def _begin_claim(self) -> bool:
+        """``begin`` the prefetch on this thread, if the claimer thread is idle (no claim in
+        flight), nothing failed (no backoff pending) and nothing is closing; True if sent."""
+        claimer = self._non_blocking
+        if (
+            claimer is None
+            or self._thread is None
+            or self._claim_in_flight
+            or self._prefetched is not None
+            or self._closing
+            or self._closed_error is not None
+            or self._fatal is not None
+            or self._last_error is not None
+            or self._retry_error is not None
+        ):
+            return False
+        try:
+            begun = claimer.begin(self._consumer, self._batch_blocks)
+        except Exception as exc:  # begin() must not raise; if it does, the thread claims
+            log.error("event=client_claimer_bug error=%r", exc, exc_info=exc)
+            return False
+        if begun:
+            self._begun = True
+            self._claim_in_flight = True
+            self._begun_ns = time.perf_counter_ns()
+            self._stats["claims_begun"] += 1
+        return begun
+
+    def _advance(self) -> bool:
+        """At a block boundary: collect a begun claim's answer if it is in; when nothing is
+        buffered, hand a begun claim still out over to the claimer thread."""
+        if self._begun and not self._begun_handed_over:
+            self._collect_begun()
+        if super()._advance():
+            return True
+        if self._begun and not self._begun_handed_over:
+            self._hand_over_begun()
+        return False
+
+    def _collect_begun(self) -> None:
+        """``poll`` the begun claim; when it is over, buffer its segment or record its
+        failure (the claimer thread then backs off and claims again)."""
+        assert self._non_blocking is not None
+        error: AllocatorError | None = None
+        blocks: list[Block] | None = None
+        try:
+            blocks = self._non_blocking.poll()
+        except Exception as exc:
+            error = _as_allocator_error(exc)
+        if blocks is None and error is None:
+            return  # not in yet
+        self._stats["claims_on_caller_thread"] += 1
+        self._begun = False
+        self._claim_in_flight = False
+        self._timed(self._begun_ns)
+        if blocks is not None:
+            try:
+                lost = self._accept(blocks)
+            except AllocatorError as exc:
+                error = exc
+            else:
+                self._changed.notify_all()
+                if lost:
+                    _log_lost(self._consumer, lost)
+                return
+        assert error is not None
+        self._failed(error)
+        self._refill_wanted = True
+        self._retry_error = error
+        self._claim_needed.notify()
+        self._changed.notify_all()
+
+    def _hand_over_begun(self) -> None:
+        """From now on the claimer thread owns the begun claim (it waits for it with
+        ``finish``); no caller polls it again."""
+        self._begun_handed_over = True
+        self._stats["claims_handed_over"] += 1
+        self._claim_needed.notify()
+
+    def _wants_claim(self) -> bool:
+        return not self._begun and super()._wants_claim()
+
     # -- lifecycle --------------------------------------------------------------------------
 
     def start(self, wait: bool = False) -> None:
@@ -965,7 +1336,7 @@ class IdClient(_Buffer):
             if self._closing or self._closed_error is not None:
                 self._check_usable()
             if self._next > self._last and not self._rest and self._prefetched is None:
-                self._refill_wanted = True
+                self._advance()  # wants a refill, or collects/hands over a begun claim
             self._start_locked()
             self._claim_needed.notify()
             if not wait:
@@ -994,6 +1365,8 @@ class IdClient(_Buffer):
             if self._report is not None:
                 return self._report
             self._closing = True
+            if self._begun and not self._begun_handed_over:
+                self._hand_over_begun()  # the claimer thread finishes it for the report
             self._claim_needed.notify_all()
             self._changed.notify_all()
             thread = self._thread
@@ -1044,23 +1417,38 @@ class IdClient(_Buffer):
 
     def _claim_until_closed(self) -> None:
         attempt = 0
+        claims_at_failure = -1  # successes since the last failure reset the backoff
         while True:
             with self._lock:
-                while not self._wants_claim():
-                    if self._closing or self._fatal is not None or self._closed_error:
+                job = self._next_job()
+                if job is None:
+                    return
+                if job == "retry":  # a caller collected a failed claim
+                    error = self._retry_error
+                    self._retry_error = None
+                    assert error is not None
+                    if self._stats["claims"] != claims_at_failure:
+                        attempt = 0  # claims collected on a caller's thread succeeded since
+                    claims_at_failure = self._stats["claims"]
+                    if not self._back_off(error, attempt):
                         return
-                    self._claim_needed.wait()
-                self._claim_in_flight = True
-            error: AllocatorError | None = None
+                    attempt += 1
+                    continue
+                started_ns = self._begun_ns if job == "finish" else time.perf_counter_ns()
+            error = None
             blocks: list[Block] = []
-            started_ns = time.perf_counter_ns()
             try:
-                blocks = self._claimer.claim(self._consumer, self._batch_blocks)
+                if job == "finish":
+                    assert self._non_blocking is not None
+                    blocks = self._non_blocking.finish()
+                else:
+                    blocks = self._claimer.claim(self._consumer, self._batch_blocks)
             except Exception as exc:
                 error = _as_allocator_error(exc)
             with self._lock:
                 self._timed(started_ns)
                 self._claim_in_flight = False
+                self._begun = self._begun_handed_over = False
                 if error is None:
                     try:
                         lost = self._accept(blocks)
@@ -1074,23 +1462,56 @@ class IdClient(_Buffer):
                         continue
                 self._failed(error)
                 self._changed.notify_all()
-                if self._fatal is not None:
-                    _log_claim_failed(self._consumer, error, None)
+                if self._stats["claims"] != claims_at_failure:
+                    attempt = 0
+                claims_at_failure = self._stats["claims"]
+                if not self._back_off(error, attempt):
                     return
-                delay = backoff_delay(
-                    attempt,
-                    initial_s=self._settings.backoff_initial_s,
-                    max_s=self._settings.backoff_max_s,
-                )
                 attempt += 1
-                _log_claim_failed(self._consumer, error, delay)
-                deadline = time.monotonic() + delay
-                while not self._closing and (remaining := deadline - time.monotonic()) > 0:
-                    self._claim_needed.wait(remaining)
+
+    def _next_job(self) -> str | None:
+        """Wait (lock held) for the claimer thread's next job: ``finish`` a begun claim
+        handed over (or left out at close), back off after a failed begun claim
+        (``retry``), or ``claim``; None once there is nothing left to do."""
+        while True:
+            if self._begun and (self._begun_handed_over or self._closing):
+                self._begun_handed_over = True
+                return "finish"
+            if self._retry_error is not None:
+                return "retry"
+            if self._wants_claim():
+                self._claim_in_flight = True
+                self._stats["claims_on_claimer_thread"] += 1
+                return "claim"
+            if self._closing or self._fatal is not None or self._closed_error:
+                return None
+            self._claim_needed.wait()
+
+    def _back_off(self, error: AllocatorError, attempt: int) -> bool:
+        """After a failed claim (lock held): False when the claimer must stop (the error is
+        fatal), else True after the backoff delay (cut short by close)."""
+        if self._fatal is not None:
+            _log_claim_failed(self._consumer, error, None)
+            return False
+        delay = backoff_delay(
+            attempt,
+            initial_s=self._settings.backoff_initial_s,
+            max_s=self._settings.backoff_max_s,
+        )
+        _log_claim_failed(self._consumer, error, delay)
+        deadline = time.monotonic() + delay
+        while not self._closing and (remaining := deadline - time.monotonic()) > 0:
+            self._claim_needed.wait(remaining)
+        return True
 
     def _after_fork_in_child(self) -> None:
         self._new_lock()  # the parent's lock may have been held at fork time
         self._thread = None
+        # A begun claim is the parent's, on the parent's connection: never poll, finish or
+        # close it here (closing would end the parent's session too).
+        self._begun = self._begun_handed_over = self._claim_in_flight = False
+        self._retry_error = None
+        self._owns_claimer = False
         super()._after_fork_in_child()
 
 

@@ -115,11 +115,17 @@ class LatencyResult:
     noise_floor: dict[str, Any]
     """The same loop timing a no-op function: what the machine alone does to a call."""
     errors: list[str] = field(default_factory=list)
+    claims_on_caller_thread: int = 0
+    """Prefetches sent and collected on the timed thread (no claimer thread involved)."""
+    claims_handed_over: int = 0
+    """Prefetches whose answer came late: the claimer thread waited for them."""
 
 
 class _RecordingClaimer:
     """Claims through PostgreSQL and remembers where every block and segment starts, so the
-    latency loop can tell which calls crossed a boundary."""
+    latency loop can tell which calls crossed a boundary. A
+    :class:`~allocator.client.NonBlockingClaimer` like the client's own, so the bench
+    measures the prefetch the client makes on the caller's thread."""
 
     def __init__(self, url: str) -> None:
         self._inner = PostgresClaimer(url, application_name="allocator-bench-client")
@@ -128,7 +134,19 @@ class _RecordingClaimer:
         self.block_sizes: set[int] = set()
 
     def claim(self, consumer: str, n: int) -> list[Block]:
-        blocks = self._inner.claim(consumer, n)
+        return self._record(self._inner.claim(consumer, n))
+
+    def begin(self, consumer: str, n: int) -> bool:
+        return self._inner.begin(consumer, n)
+
+    def poll(self) -> list[Block] | None:
+        blocks = self._inner.poll()
+        return None if blocks is None else self._record(blocks)
+
+    def finish(self, timeout_s: float | None = None) -> list[Block]:
+        return self._record(self._inner.finish(timeout_s))
+
+    def _record(self, blocks: list[Block]) -> list[Block]:
         if blocks:
             self.segment_starts.add(min(b.first_id for b in blocks))
             self.block_starts.update(b.first_id for b in blocks)
@@ -535,6 +553,8 @@ def _latency(
         max_claim_ms=stats["max_claim_us"] / 1000,
         noise_floor=floor,
         errors=samples.errors,
+        claims_on_caller_thread=stats["claims_on_caller_thread"],
+        claims_handed_over=stats["claims_handed_over"],
     )
     return result, claimer.block_sizes
 
@@ -586,6 +606,10 @@ def _table(
         f"  calls over 1 ms: {lat.over_1ms}   waits (nothing buffered): {lat.waits}   "
         f"claims: {lat.claims} (max {lat.max_claim_ms:.1f} ms, final batch "
         f"{lat.final_batch_blocks} blocks)"
+    )
+    yield (
+        f"  prefetches on the calling thread: {lat.claims_on_caller_thread}   handed over to "
+        f"the claimer thread: {lat.claims_handed_over}"
     )
     yield (
         f"  worst at a block boundary: {lat.boundary_max_ns:,} ns "

@@ -475,6 +475,254 @@ def test_a_forked_child_never_hands_out_the_parents_ids(make_client: MakeClient)
     assert client.next_id() == FIRST + 1  # the parent carries on
 
 
+# -- the prefetch on the caller's thread (NonBlockingClaimer) --------------------------------
+
+CLAIMER_THREAD = "allocator-claimer:unit-test"
+
+
+class WatchedClaimer(InMemoryClaimer):
+    """A non-blocking InMemoryClaimer that notes which thread calls begin, poll and finish;
+    ``answer_errors`` answer the next begun claims (one each) instead of blocks."""
+
+    def __init__(self, answer_errors: list[Exception] | None = None, **kwargs: int) -> None:
+        super().__init__(non_blocking=True, **kwargs)
+        self.calls: list[tuple[str, str]] = []
+        self.answer_errors = list(answer_errors or [])
+        self._answering = False
+
+    def _note(self, what: str) -> None:
+        self.calls.append((what, threading.current_thread().name))
+
+    def begin(self, consumer: str, n: int) -> bool:
+        self._note("begin")
+        return super().begin(consumer, n)
+
+    def poll(self) -> list[Block] | None:
+        self._note("poll")
+        self._answering = True  # InMemoryClaimer.poll answers through claim()
+        try:
+            return super().poll()
+        finally:
+            self._answering = False
+
+    def claim(self, consumer: str, n: int) -> list[Block]:
+        if self._answering and self.answer_errors:
+            raise self.answer_errors.pop(0)
+        return super().claim(consumer, n)
+
+    def finish(self, timeout_s: float | None = None) -> list[Block]:
+        self._note("finish")
+        return super().finish(timeout_s)
+
+    def threads_of(self, what: str) -> set[str]:
+        return {thread for call, thread in self.calls if call == what}
+
+
+def test_the_prefetch_is_sent_and_collected_on_the_callers_thread(
+    make_client: MakeClient,
+) -> None:
+    pool = WatchedClaimer(block_size=10, first_id=FIRST)
+    client = make_client(pool, batch_blocks=2, refill_at=0.5)
+    ids = [client.next_id() for _ in range(200)]
+    assert ids == list(range(FIRST, FIRST + 200))
+    stats = client.get_stats()
+    assert stats["claims_on_claimer_thread"] == 1  # only the first segment
+    assert stats["claims_begun"] == 10  # one per later segment, the last still out
+    assert stats["claims_on_caller_thread"] == 9
+    assert stats["claims_handed_over"] == 0
+    assert stats["claims"] == 10
+    assert stats["waits"] == 1  # only the very first call
+    assert pool.threads_of("begin") == pool.threads_of("poll") == {"MainThread"}
+    assert pool.threads_of("finish") == set()
+
+
+def test_a_begun_claim_not_yet_answered_is_polled_again_at_the_next_boundary(
+    make_client: MakeClient,
+) -> None:
+    pool = WatchedClaimer(block_size=10, first_id=FIRST)
+    client = make_client(pool, batch_blocks=3, refill_at=1.0)
+    pool.hold_answers()
+    assert client.next_id() == FIRST  # segment 1 installed: its prefetch is begun at once
+    assert pool.begun == [("unit-test", 3)]
+    assert client.take(10) == list(range(FIRST + 1, FIRST + 11))  # into block 2: not in yet
+    assert pool.calls.count(("poll", "MainThread")) == 1
+    assert client.get_stats()["prefetched_blocks"] == 0
+    pool.release_answers()
+    assert client.take(10) == list(range(FIRST + 11, FIRST + 21))  # into block 3: collected
+    stats = client.get_stats()
+    assert stats["prefetched_blocks"] == 3
+    assert stats["claims_on_caller_thread"] == 1
+    assert stats["claims_handed_over"] == 0
+    assert stats["waits"] == 1
+
+
+def test_a_late_answer_is_handed_over_to_the_claimer_thread(make_client: MakeClient) -> None:
+    pool = WatchedClaimer(block_size=10, first_id=FIRST)
+    client = make_client(pool, refill_at=1.0)
+    pool.hold_answers()
+    assert client.take(10) == list(range(FIRST, FIRST + 10))  # begun, not answered
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(client.next_id()))
+    waiter.start()  # finds nothing buffered: hands the claim over and waits
+    wait_until(lambda: ("finish", CLAIMER_THREAD) in pool.calls)
+    polls_by_callers = pool.calls.count(("poll", "MainThread")) + sum(
+        1 for call, thread in pool.calls if call == "poll" and thread == waiter.name
+    )
+    pool.release_answers()
+    waiter.join(DEADLINE_S)
+    assert got == [FIRST + 10]
+    stats = client.get_stats()
+    assert stats["claims_handed_over"] == 1
+    assert stats["claims_on_caller_thread"] == 0
+    assert stats["claims_on_claimer_thread"] == 1  # it finished the claim, sent no other
+    assert stats["waits"] == 2
+    # After the hand-over only the claimer thread touched the claim.
+    assert polls_by_callers == sum(
+        1 for call, thread in pool.calls if call == "poll" and thread != CLAIMER_THREAD
+    )
+    assert pool.threads_of("finish") == {CLAIMER_THREAD}
+    assert len(pool.claims) == 2
+
+
+def test_close_finishes_a_begun_claim_and_reports_it(make_client: MakeClient) -> None:
+    pool = WatchedClaimer(block_size=10, first_id=FIRST)
+    client = make_client(pool, refill_at=1.0)
+    pool.hold_answers()
+    assert client.next_id() == FIRST  # the prefetch is begun, not answered
+    release = threading.Timer(0.05, pool.release_answers)
+    release.start()
+    report = client.close(timeout=DEADLINE_S)
+    release.join()
+    assert report.complete
+    assert report.ranges == ((FIRST + 1, FIRST + 19),)
+    assert pool.threads_of("finish") == {CLAIMER_THREAD}
+    assert client.get_stats()["claim_in_flight"] == 0
+
+
+def test_close_that_stops_waiting_for_a_begun_claim_says_so(make_client: MakeClient) -> None:
+    pool = WatchedClaimer(block_size=10, first_id=FIRST)
+    client = make_client(pool, refill_at=1.0)
+    pool.hold_answers()
+    assert client.next_id() == FIRST
+    report = client.close(timeout=0.05)
+    assert not report.complete  # the begun claim's IDs are lost (logged when it lands)
+    assert report.ranges == ((FIRST + 1, FIRST + 9),)
+    pool.release_answers()
+    wait_until(lambda: client.get_stats()["claim_in_flight"] == 0)
+    assert client.close() is report
+
+
+def test_a_failed_begun_claim_is_retried_by_the_claimer_thread(make_client: MakeClient) -> None:
+    pool = WatchedClaimer(block_size=10, first_id=FIRST, blocks=1)
+    client = make_client(pool, refill_at=0.5)
+    assert client.take(10) == list(range(FIRST, FIRST + 10))  # the prefetch is begun
+    assert client.get_stats()["claims_begun"] == 1
+    got: list[int] = []
+    waiter = threading.Thread(target=lambda: got.append(client.next_id()))
+    waiter.start()  # collects AL003 at the boundary, then waits for the claimer's retries
+    wait_until(lambda: client.get_stats()["pool_empty_answers"] >= 2)
+    stats = client.get_stats()
+    assert stats["claims_on_caller_thread"] == 1
+    assert stats["claims_on_claimer_thread"] >= 2  # the first segment, then retries
+    assert stats["claims_begun"] == 1  # no begin while the claims fail
+    pool.add_blocks(2)
+    waiter.join(DEADLINE_S)
+    assert got == [FIRST + 10]
+    # Recovered: the next prefetch is the caller's again.
+    client.take(5)
+    wait_until(lambda: client.get_stats()["claims_begun"] == 2)
+
+
+def test_a_begun_claim_refused_for_bad_arguments_stops_the_claimer(
+    make_client: MakeClient,
+) -> None:
+    pool = WatchedClaimer(
+        [ClaimArgumentError("bad count", sqlstate="AL002")], block_size=10, first_id=FIRST
+    )
+    client = make_client(pool, refill_at=1.0, wait_timeout_s=30)
+    assert client.take(10) == list(range(FIRST, FIRST + 10))
+    started = time.monotonic()
+    with pytest.raises(ClaimArgumentError, match="bad count") as caught:
+        client.next_id()
+    assert time.monotonic() - started < 10  # not the 30 s deadline
+    assert caught.value.sqlstate == "AL002"
+    assert client.get_stats()["claims_on_claimer_thread"] == 1
+    assert pool.begun == [("unit-test", 1)]
+
+
+def test_a_begun_claim_failing_otherwise_fails_waiters_and_recovers(
+    make_client: MakeClient,
+) -> None:
+    pool = WatchedClaimer([DatabaseError("permission denied")], block_size=10, first_id=FIRST)
+    client = make_client(pool, refill_at=1.0, wait_timeout_s=30)
+    assert client.take(10) == list(range(FIRST, FIRST + 10))
+    with pytest.raises(DatabaseError, match="permission denied"):
+        client.next_id()
+    # The claimer thread backs off, claims again, and the client recovers.
+    wait_until(lambda: client.get_stats()["claims"] == 2)
+    assert client.next_id() == FIRST + 10
+    assert client.get_stats()["claims_on_claimer_thread"] == 2
+
+
+def test_a_claimer_without_the_capability_claims_on_its_thread(make_client: MakeClient) -> None:
+    pool = InMemoryClaimer(block_size=10, first_id=FIRST)  # begin() declines
+    client = make_client(pool, refill_at=0.5)
+    client.take(100)
+    stats = client.get_stats()
+    assert stats["claims_begun"] == stats["claims_on_caller_thread"] == 0
+    assert stats["claims_on_claimer_thread"] >= 10
+    assert not isinstance(ScriptedClaimer([]), client_mod.NonBlockingClaimer)
+    assert isinstance(pool, client_mod.NonBlockingClaimer)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_forked_child_leaves_a_begun_claim_alone(make_client: MakeClient) -> None:
+    pool = WatchedClaimer(block_size=100, first_id=FIRST)
+    client = make_client(pool, refill_at=1.0)
+    pool.hold_answers()
+    client.next_id()
+    assert pool.claim_begun
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: use and close the inherited client, then report
+        polls = len(pool.calls)
+        try:
+            client.next_id()
+            outcome = b"handed out an ID"
+        except ClientClosedError:
+            client.close()
+            outcome = b"refused"
+        except BaseException:
+            outcome = b"other error"
+        if len(pool.calls) != polls or not pool.claim_begun:
+            outcome = b"touched the claim"
+        os.write(write_end, outcome)
+        os._exit(0)
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as pipe:
+        outcome = pipe.read()
+    os.waitpid(pid, 0)
+    assert outcome == b"refused"
+    pool.release_answers()
+    assert client.take(99) == list(range(FIRST + 1, FIRST + 100))
+    assert client.next_id() == FIRST + 100  # the parent collects its claim
+
+
+def test_in_memory_claimer_non_blocking_mode() -> None:
+    pool = InMemoryClaimer(block_size=10, first_id=FIRST, non_blocking=True)
+    assert pool.begin("x", 2)
+    assert not pool.begin("x", 1)  # one claim at a time
+    pool.hold_answers()
+    assert pool.poll() is None
+    with pytest.raises(DatabaseUnavailableError, match="no answer"):
+        pool.finish(0.01)
+    assert not pool.claim_begun  # abandoned
+    assert pool.begin("x", 2)
+    pool.release_answers()
+    assert pool.finish() == [Block(1, FIRST, FIRST + 9), Block(2, FIRST + 10, FIRST + 19)]
+    assert not InMemoryClaimer().begin("x", 1)
+
+
 # -- asyncio ---------------------------------------------------------------------------------
 
 
