@@ -17,8 +17,10 @@ Rules:
   consumer role (``allocator_app`` on the embedded cluster; with ``--database-url`` the
   superuser with ``role=allocator_consumer``), and, as the superuser, ``skip_locked``,
   ``segment_update`` (step = batch x block size) and ``nextval`` (CACHE 100; one ID per call,
-  run at batch 1 only: the ceiling). Every commit is synchronous (the server default is on
-  and ``claim_blocks`` forces it); nothing here turns durability down.
+  run at batch 1 only: the ceiling), and a reference, ``durable_commit`` (a one-row INSERT
+  into an unindexed table per transaction, batch 1 only: the fastest durable transaction,
+  so the ceiling of every durable claim). Every other commit is synchronous (the server
+  default is on and ``claim_blocks`` forces it); nothing here turns durability down.
 - Load: ``pgbench -n -M prepared -c C -j min(C, 2) -T seconds -l``; claims/s is pgbench's
   tps without connection time, p50/p99 come from every transaction in the per-transaction
   logs. A run whose pool ran dry (no unclaimed block left, or a client aborted on AL003) is
@@ -56,8 +58,13 @@ from allocator.errors import AllocatorError, PrerequisiteError
 
 log = logging.getLogger(__name__)
 
-METHODS: Final = ("claim_blocks", "skip_locked", "segment_update", "nextval")
-BASELINES: Final = METHODS[1:]
+METHODS: Final = ("claim_blocks", "skip_locked", "segment_update", "nextval", "durable_commit")
+BASELINES: Final = ("skip_locked", "segment_update", "nextval")
+REFERENCE: Final = "durable_commit"
+"""Not a way to claim: the cheapest durable write transaction, the ceiling of any durable
+claim on this server (so a ratio to ``nextval`` it cannot reach is visible as such)."""
+ONCE_METHODS: Final = ("nextval", REFERENCE)
+"""Methods that take no batch: run once, at batch 1."""
 BLOCK_SIZE_IDS = 4096
 EPOCH = 1
 CUT_BATCH_BLOCKS = 50_000
@@ -394,10 +401,14 @@ def _script_for(method: str, batch: int) -> tuple[str, dict[str, int]]:
         )
     if method == "segment_update":
         return "segment_update.pgbench", {"step": batch * BLOCK_SIZE_IDS}
+    if method == REFERENCE:
+        return "durable_commit.pgbench", {}
     return "nextval.pgbench", {}
 
 
 def ids_per_claim(method: str, batch: int) -> int:
+    if method == REFERENCE:
+        return 0  # hands out nothing
     return 1 if method == "nextval" else batch * BLOCK_SIZE_IDS
 
 
@@ -499,14 +510,20 @@ def take_prior_claims(
 
 
 def add_ratios(results: list[Result]) -> None:
-    """claim_blocks rows get ``ratio_vs``/``ids_ratio_vs`` (same clients; batch, nextval 1);
-    prior-claims rows get ``vs_fresh``."""
+    """claim_blocks rows get ``ratio_vs``/``ids_ratio_vs`` (same clients; batch, or 1 for
+    nextval and the reference); prior-claims rows get ``vs_fresh``; the reference gets its
+    ``ratio_vs`` nextval (how close any durable claim could come)."""
     index = {r.key(): r for r in results}
     for row in results:
+        if row.method == REFERENCE:
+            base = index.get(("nextval", row.clients, 1, 0))
+            if base and base.claims_per_s > 0:
+                row.ratio_vs["nextval"] = round(row.claims_per_s / base.claims_per_s, 3)
+            continue
         if row.method != "claim_blocks":
             continue
-        for other in BASELINES:
-            batch = 1 if other == "nextval" else row.batch
+        for other in (*BASELINES, REFERENCE):
+            batch = 1 if other in ONCE_METHODS else row.batch
             base = index.get((other, row.clients, batch, 0))
             if base and base.claims_per_s > 0:
                 row.ratio_vs[other] = round(row.claims_per_s / base.claims_per_s, 3)
@@ -529,7 +546,7 @@ def run_plan(
             for clients in plan.clients:
                 for method in METHODS:
                     run_batch = batch
-                    if method == "nextval":  # one ID per call whatever the batch: once
+                    if method in ONCE_METHODS:  # no batch: once, at batch 1
                         if batch != plan.batches[0]:
                             continue
                         run_batch = 1

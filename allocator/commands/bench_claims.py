@@ -1,4 +1,5 @@
-"""``allocator bench claims``: claim_blocks next to SKIP LOCKED, a segment and nextval.
+"""``allocator bench claims``: claim_blocks next to SKIP LOCKED, a segment, nextval and the
+server's fastest durable commit.
 
 Rules:
 
@@ -265,13 +266,36 @@ def _table(document: dict[str, Any], results: list[Result]) -> Iterator[str]:
     for r in results:
         if r.method != "claim_blocks" or r.clients != top:
             continue
-        marks = [_mark(f"{k} {v:.2f}x", v >= targets[f"vs_{k}"]) for k, v in r.ratio_vs.items()]
+        marks = [
+            _mark(f"{k} {v:.2f}x", v >= targets[f"vs_{k}"])
+            for k, v in r.ratio_vs.items()
+            if f"vs_{k}" in targets
+        ]
         marks.append(_mark(f"p99 {r.p99_ms:.2f} ms", r.p99_ms < targets["p99_ms_below"]))
         if r.vs_fresh is not None:
             marks.append(
                 _mark(f"vs fresh {r.vs_fresh:.1%}", r.vs_fresh >= targets["prior_vs_fresh"])
             )
         yield f"  claim_blocks batch {r.batch} prior {r.prior_claims:,}: " + ", ".join(marks)
+    yield from _ceiling(results, top, targets["vs_nextval"])
+
+
+def _ceiling(results: list[Result], clients: int, nextval_target: float) -> Iterator[str]:
+    """What the reference says about the nextval target: no durable claim beats it."""
+    for r in results:
+        ratio = r.ratio_vs.get("nextval")
+        if r.method != benchclaims.REFERENCE or r.clients != clients or ratio is None:
+            continue
+        verdict = (
+            "so no durable claim can reach the nextval target on this server"
+            if ratio < nextval_target
+            else "so the nextval target is within reach of a durable claim here"
+        )
+        yield (
+            f"  ceiling: durable_commit (one-row INSERT, no index, synchronous commit) runs "
+            f"{r.claims_per_s:,.0f}/s = {ratio:.2f}x nextval, {verdict} "
+            f"(target {nextval_target:g}x)"
+        )
 
 
 def _mark(text: str, met: bool) -> str:

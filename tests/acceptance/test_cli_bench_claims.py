@@ -21,7 +21,7 @@ from allocator.local.processes import is_pid_alive
 pytestmark = pytest.mark.integration
 
 ALLOCATOR = str(Path(sys.executable).with_name("allocator"))
-METHODS = {"claim_blocks", "skip_locked", "segment_update", "nextval"}
+METHODS = {"claim_blocks", "skip_locked", "segment_update", "nextval", "durable_commit"}
 DESIGN_KEYS = {"method", "clients", "claims_per_s", "ids_per_s", "p50_ms", "p99_ms"}
 
 
@@ -63,6 +63,9 @@ def test_bench_claims_json(state_dir: Path, tmp_path: Path) -> None:
         if row["method"] == "claim_blocks":
             assert set(row["ratio_vs"]) == METHODS - {"claim_blocks"}
             assert all(isinstance(v, float) for v in row["ratio_vs"].values())
+        elif row["method"] == "durable_commit":  # the reference: how close any durable claim gets
+            assert set(row["ratio_vs"]) == {"nextval"}
+            assert row["ids_per_s"] == 0
         else:
             assert row["ratio_vs"] == {}
 
