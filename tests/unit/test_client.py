@@ -26,6 +26,7 @@ from allocator.client import (
     PoolEmptyError,
     UnusedIds,
     backoff_delay,
+    claimers,
     merge_ranges,
 )
 from allocator.errors import AllocatorError, DatabaseError, DatabaseUnavailableError
@@ -821,7 +822,7 @@ def test_async_bad_arguments_fail_at_once() -> None:
     claimer = ScriptedClaimer([ClaimArgumentError("bad count", sqlstate="AL002")])
 
     async def main() -> None:
-        client = AsyncIdClient(client_mod._AsyncAdapter(claimer), "async", wait_timeout_s=30)
+        client = AsyncIdClient(claimers.AsyncAdapter(claimer), "async", wait_timeout_s=30)
         try:
             with pytest.raises(ClaimArgumentError, match="bad count"):
                 await client.next_id()

@@ -1,0 +1,278 @@
+"""The asyncio client, :class:`AsyncIdClient`: the rules of :class:`IdClient` on one event loop,
+its claimer a task on the loop of first use.
+
+Rules: no lock (its hot path never yields to the loop); use it from one event loop only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from types import TracebackType
+from typing import Any
+
+from psycopg_pool import AsyncConnectionPool
+
+from allocator.client.base import (
+    APPLICATION_NAME,
+    DEFAULT_BACKOFF_INITIAL_S,
+    DEFAULT_BACKOFF_MAX_S,
+    DEFAULT_BATCH_BLOCKS,
+    DEFAULT_CLOSE_TIMEOUT_S,
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_REFILL_AT,
+    DEFAULT_STATEMENT_TIMEOUT_MS,
+    DEFAULT_WAIT_TIMEOUT_S,
+    AsyncClaimer,
+    Block,
+    ClientClosedError,
+    Range,
+    UnusedIds,
+    backoff_delay,
+)
+from allocator.client.buffer import (
+    Buffer,
+    as_allocator_error,
+    log_claim_failed,
+    log_lost,
+    log_unused,
+    validated_settings,
+)
+from allocator.client.claimers import AsyncPostgresClaimer
+from allocator.errors import (
+    AllocatorError,
+)
+
+
+class AsyncIdClient(Buffer):
+    """:class:`IdClient` for asyncio: the same rules, ``await next_id()``, ``await take(n)``,
+    ``await aclose()``; its claimer is a task on the loop of first use. Use it from one event
+    loop (it takes no lock: its hot path never yields to the loop)."""
+
+    def __init__(
+        self,
+        conninfo_or_pool: str | AsyncConnectionPool[Any] | AsyncClaimer,
+        consumer: str,
+        *,
+        batch_blocks: int = DEFAULT_BATCH_BLOCKS,
+        max_batch_blocks: int | None = None,
+        refill_at: float = DEFAULT_REFILL_AT,
+        wait_timeout_s: float = DEFAULT_WAIT_TIMEOUT_S,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
+        backoff_initial_s: float = DEFAULT_BACKOFF_INITIAL_S,
+        backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
+        close_timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S,
+    ) -> None:
+        super().__init__(
+            validated_settings(
+                consumer,
+                batch_blocks=batch_blocks,
+                max_batch_blocks=max_batch_blocks,
+                refill_at=refill_at,
+                wait_timeout_s=wait_timeout_s,
+                backoff_initial_s=backoff_initial_s,
+                backoff_max_s=backoff_max_s,
+                close_timeout_s=close_timeout_s,
+            )
+        )
+        self._owns_claimer = isinstance(conninfo_or_pool, str | AsyncConnectionPool)
+        self._claimer: AsyncClaimer
+        if isinstance(conninfo_or_pool, str | AsyncConnectionPool):
+            self._claimer = AsyncPostgresClaimer(
+                conninfo_or_pool,
+                connect_timeout_s=connect_timeout_s,
+                statement_timeout_ms=statement_timeout_ms,
+                application_name=f"{APPLICATION_NAME}:{consumer}"[:63],
+            )
+        else:
+            self._claimer = conninfo_or_pool
+        self._claim_needed = asyncio.Event()
+        self._changed = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    async def next_id(self) -> int:
+        """One ID (see :meth:`IdClient.next_id`)."""
+        n = self._next
+        if n <= self._last:
+            self._next = n + 1
+            if n == self._trigger:
+                self._refill_due()
+            return n
+        ranges: list[Range] = []
+        await self._take_waiting(1, ranges)
+        return ranges[0][0]
+
+    async def take_ranges(self, n: int) -> list[Range]:
+        """``n`` IDs as inclusive ranges (see :meth:`IdClient.take_ranges`)."""
+        if n < 1:
+            raise ValueError(f"n must be >= 1 (got {n})")
+        ranges: list[Range] = []
+        await self._take_waiting(n, ranges)
+        return ranges
+
+    async def take(self, n: int) -> list[int]:
+        """``n`` IDs as a list."""
+        ids: list[int] = []
+        for first, last in await self.take_ranges(n):
+            ids.extend(range(first, last + 1))
+        return ids
+
+    async def _take_waiting(self, need: int, ranges: list[Range]) -> None:
+        deadline: float | None = None
+        while True:
+            need = self._take(need, ranges)
+            if need == 0:
+                return
+            try:
+                self._check_usable()
+            except AllocatorError:
+                self._give_back(ranges)
+                raise
+            self._start_task()
+            self._claim_needed.set()
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + self._settings.wait_timeout_s
+                self._note_wait()
+            elif now >= deadline:
+                self._give_back(ranges)
+                raise self._timeout_error()
+            await self._wait_changed(deadline - now)
+
+    async def _wait_changed(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._changed.wait(), timeout)
+
+    def _notify_changed(self) -> None:
+        # Waiters hold the old event; a fresh one serves the next round of waits.
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    def _wake_claimer(self) -> None:
+        self._claim_needed.set()
+
+    async def start(self, wait: bool = False) -> None:
+        """Start the claimer task (see :meth:`IdClient.start`)."""
+        if self._closed_error is not None or self._closing:
+            self._check_usable()
+        if self._available() == 0:
+            self._refill_wanted = True
+        self._start_task()
+        self._claim_needed.set()
+        if not wait:
+            return
+        deadline = time.monotonic() + self._settings.wait_timeout_s
+        while self._available() == 0:
+            self._check_usable()
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._timeout_error()
+            await self._wait_changed(remaining)
+
+    def _start_task(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"allocator-claimer:{self._consumer}"
+            )
+
+    async def aclose(self, timeout: float | None = None) -> UnusedIds:
+        """Stop the claimer task (cancelled after ``timeout`` s, default ``close_timeout_s``)
+        and return the unused IDs: lost, never reused (see :meth:`IdClient.close`)."""
+        if self._report is not None:
+            return self._report
+        self._closing = True
+        self._claim_needed.set()
+        self._notify_changed()
+        task = self._task
+        finished = True
+        if task is not None and not task.done():
+            limit = self._settings.close_timeout_s if timeout is None else timeout
+            done, _ = await asyncio.wait({task}, timeout=limit)
+            if not done:
+                task.cancel()  # a claim that committed meanwhile is lost (and unreported)
+                finished = False
+                await asyncio.wait({task})
+        if self._report is not None:
+            return self._report
+        report = self._close_buffers()
+        if not finished:
+            report = UnusedIds(report.count, report.ranges, complete=False)
+        self._closed_error = ClientClosedError(
+            f"ID client for consumer {self._consumer!r} is closed"
+        )
+        self._report = report
+        if self._owns_claimer:
+            await self._claimer.close()
+        log_unused(self._consumer, report)
+        return report
+
+    async def __aenter__(self) -> AsyncIdClient:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    def get_stats(self) -> dict[str, int]:
+        return self._stats_snapshot()
+
+    @property
+    def consumer(self) -> str:
+        return self._consumer
+
+    async def _run(self) -> None:
+        attempt = 0
+        while True:
+            while not self._wants_claim():
+                if self._closing or self._fatal is not None or self._closed_error:
+                    return
+                self._claim_needed.clear()
+                await self._claim_needed.wait()
+            self._claim_in_flight = True
+            error: AllocatorError | None = None
+            blocks: list[Block] = []
+            started_ns = time.perf_counter_ns()
+            try:
+                blocks = await self._claimer.claim(self._consumer, self._batch_blocks)
+            except Exception as exc:
+                error = as_allocator_error(exc)
+            finally:
+                self._claim_in_flight = False
+                self._timed(started_ns)
+            if error is None:
+                try:
+                    lost = self._accept(blocks)
+                except AllocatorError as exc:
+                    error = exc
+                else:
+                    attempt = 0
+                    self._notify_changed()
+                    if lost:
+                        log_lost(self._consumer, lost)
+                    continue
+            self._failed(error)
+            self._notify_changed()
+            if self._fatal is not None:
+                log_claim_failed(self._consumer, error, None)
+                return
+            delay = backoff_delay(
+                attempt,
+                initial_s=self._settings.backoff_initial_s,
+                max_s=self._settings.backoff_max_s,
+            )
+            attempt += 1
+            log_claim_failed(self._consumer, error, delay)
+            deadline = time.monotonic() + delay
+            while not self._closing and (remaining := deadline - time.monotonic()) > 0:
+                self._claim_needed.clear()
+                try:
+                    await asyncio.wait_for(self._claim_needed.wait(), remaining)
+                except TimeoutError:
+                    break

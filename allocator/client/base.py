@@ -1,0 +1,220 @@
+"""What both ID clients and every claimer share: settings bounds, the claim statements, the
+errors a claim can end in, :class:`Block` and :class:`UnusedIds`, the claimer protocols, and
+the pure helpers (error translation, backoff, consumer-name check, range merging).
+
+Rules: nothing here does I/O or keeps state; the rules of the clients themselves are in the
+package docstring (:mod:`allocator.client`).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
+
+import psycopg
+from psycopg_pool import PoolClosed
+
+from allocator import db
+from allocator.errors import (
+    AllocatorError,
+    DatabaseError,
+    UsageError,
+)
+
+Range = tuple[int, int]
+
+
+DEFAULT_BATCH_BLOCKS = 1
+MAX_BATCH_BLOCKS = 1000
+"""The most blocks one ``claim_blocks`` call may ask for (docs/sql.md)."""
+DEFAULT_REFILL_AT = 0.5
+DEFAULT_WAIT_TIMEOUT_S = 5.0
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_STATEMENT_TIMEOUT_MS = 5000
+DEFAULT_BACKOFF_INITIAL_S = 0.05
+DEFAULT_BACKOFF_MAX_S = 2.0
+DEFAULT_CLOSE_TIMEOUT_S = 10.0
+MAX_CONSUMER_CHARS = 128
+APPLICATION_NAME = "allocator-client"
+
+# The client's statements. They live here rather than in allocator.sql, which holds the
+# node's: the client is the consumer side and needs nothing else.
+CLAIM_BLOCKS: Final = (
+    "SELECT block_id, first_id, last_id FROM allocator.claim_blocks(%(consumer)s, %(n)s)"
+)
+SET_STATEMENT_TIMEOUT: Final = "SELECT set_config('statement_timeout', %(ms)s, false)"
+CLAIM_BLOCKS_PQ: Final = b"SELECT block_id, first_id, last_id FROM allocator.claim_blocks($1, $2)"
+""":data:`CLAIM_BLOCKS` for libpq's own placeholders (:meth:`PostgresClaimer.begin`)."""
+TEXT_OID: Final = 25
+INT4_OID: Final = 23
+
+ARGUMENT_SQLSTATES = frozenset({"AL001", "AL002"})
+POOL_EMPTY_SQLSTATE = "AL003"
+NO_ID = -1  # never a valid trigger: IDs are >= 0
+
+
+class PoolEmptyError(AllocatorError):
+    """No ID block could be claimed: the pool is empty (AL003), or stayed empty for as long
+    as a caller was willing to wait. Retry later; check ``allocator.pool_status``."""
+
+    exit_code = 75  # EX_TEMPFAIL
+    sqlstate = POOL_EMPTY_SQLSTATE
+
+
+class ClaimArgumentError(UsageError):
+    """AL001 (bad consumer name) or AL002 (bad block count): the call itself is wrong."""
+
+    def __init__(self, message: str, *, sqlstate: str = "") -> None:
+        super().__init__(message)
+        self.sqlstate = sqlstate
+
+
+class ClientClosedError(AllocatorError):
+    """The client was closed, or was inherited across ``fork()``."""
+
+
+class Block(NamedTuple):
+    """One claimed block: every ID in ``[first_id, last_id]`` belongs to the claimer."""
+
+    block_id: int
+    first_id: int
+    last_id: int
+
+    @property
+    def size(self) -> int:
+        return self.last_id - self.first_id + 1
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "block_id": self.block_id,
+            "first_id": self.first_id,
+            "last_id": self.last_id,
+            "size": self.size,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class UnusedIds:
+    """IDs a client had claimed but not handed out when it closed. They are lost: recorded
+    as claimed, never handed out again by anyone."""
+
+    count: int
+    ranges: tuple[tuple[int, int], ...]
+    """Inclusive ``(first, last)`` ranges, in the order the client would have used them;
+    adjacent ranges merged."""
+    complete: bool = True
+    """False when a claim was still running at close: what it returns is lost too (logged)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "count": self.count,
+            "ranges": [list(r) for r in self.ranges],
+            "complete": self.complete,
+        }
+
+
+class Claimer(Protocol):
+    """The I/O seam of :class:`IdClient`: claim up to ``n`` blocks, or raise one of the
+    translated errors (:class:`PoolEmptyError`, :class:`ClaimArgumentError`,
+    :class:`DatabaseUnavailableError`, :class:`DatabaseError`). Called from one thread."""
+
+    def claim(self, consumer: str, n: int) -> list[Block]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class NonBlockingClaimer(Claimer, Protocol):
+    """A :class:`Claimer` that can also claim without blocking its caller, so that
+    :class:`IdClient` can send its prefetch from the thread that asked for it and collect
+    the answer later, with no other thread involved (module docstring, Latency).
+
+    One claim at a time: ``begin`` it, then ``poll`` until it returns the blocks (or raises),
+    or ``finish`` it. Nothing else (``claim`` included) may use the claimer in between. The
+    calls may come from different threads, never at the same time.
+    """
+
+    def begin(self, consumer: str, n: int) -> bool:
+        """Send a claim of up to ``n`` blocks without waiting for it; False (nothing sent)
+        when this claimer cannot right now (no connection open yet, a pool, a connection
+        not idle, a send that failed): use :meth:`claim` then. Never blocks, never raises."""
+        ...
+
+    def poll(self) -> list[Block] | None:
+        """The begun claim's blocks if its answer is in, else None; never blocks. Raises the
+        translated errors, as :meth:`claim`; the claim is over once this returns blocks or
+        raises."""
+        ...
+
+    def finish(self, timeout_s: float | None = None) -> list[Block]:
+        """Wait for the begun claim's answer (at most ``timeout_s``; None: the claimer's own
+        bound), as :meth:`poll` but blocking. Past the bound the claim is abandoned (what it
+        claimed is lost) and :class:`~allocator.errors.DatabaseUnavailableError` raised."""
+        ...
+
+
+class AsyncClaimer(Protocol):
+    """The I/O seam of :class:`AsyncIdClient`; as :class:`Claimer`, awaited."""
+
+    async def claim(self, consumer: str, n: int) -> list[Block]: ...
+
+    async def close(self) -> None: ...
+
+
+# -- errors and retries ------------------------------------------------------------------------
+
+
+def translate_claim_error(exc: psycopg.Error) -> AllocatorError:
+    """The project's error for a driver error raised by a claim (the caller chains it)."""
+    state = exc.sqlstate or ""
+    primary = exc.diag.message_primary or str(exc).strip().partition("\n")[0]
+    if state == POOL_EMPTY_SQLSTATE:
+        return PoolEmptyError(f"claim ID blocks: {primary}")
+    if state in ARGUMENT_SQLSTATES:
+        return ClaimArgumentError(f"claim ID blocks: {primary}", sqlstate=state)
+    if isinstance(exc, PoolClosed):
+        return DatabaseError("claim ID blocks: the connection pool is closed")
+    return db.translate(exc, "claim ID blocks")
+
+
+def backoff_delay(
+    attempt: int,
+    *,
+    initial_s: float = DEFAULT_BACKOFF_INITIAL_S,
+    max_s: float = DEFAULT_BACKOFF_MAX_S,
+    rng: Callable[[float, float], float] = random.uniform,
+) -> float:
+    """Seconds to wait before retry number ``attempt`` (0-based): capped exponential backoff,
+    drawn from the upper half of the step ("equal jitter"), so it never spins and
+    clients that failed together spread out."""
+    step = min(max_s, initial_s * 2.0 ** min(attempt, 62))
+    return step / 2 + rng(0.0, step / 2)
+
+
+def check_consumer(consumer: str) -> str:
+    """``consumer`` if it is a name ``claim_blocks`` accepts (the database is the authority;
+    this only catches mistakes before any I/O). Raises :class:`ClaimArgumentError`."""
+    if not isinstance(consumer, str) or not consumer.strip():
+        raise ClaimArgumentError("consumer must be a non-empty name", sqlstate="AL001")
+    if len(consumer) > MAX_CONSUMER_CHARS:
+        raise ClaimArgumentError(
+            f"consumer name is {len(consumer)} characters long; the maximum is "
+            f"{MAX_CONSUMER_CHARS}",
+            sqlstate="AL001",
+        )
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in consumer):
+        raise ClaimArgumentError("consumer name contains control characters", sqlstate="AL001")
+    return consumer
+
+
+def merge_ranges(ranges: Sequence[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """``ranges`` with each range that starts right after the previous one merged into it."""
+    merged: list[tuple[int, int]] = []
+    for first, last in ranges:
+        if merged and merged[-1][1] + 1 == first:
+            merged[-1] = (merged[-1][0], last)
+        else:
+            merged.append((first, last))
+    return tuple(merged)

@@ -1,0 +1,385 @@
+"""The buffer both clients share (:class:`Buffer`): the current block, the rest of the segment,
+the prefetched segment, the refill trigger, waits, failures and the close report.
+
+Rules: no locking and no I/O here: :class:`~allocator.client.threaded.IdClient` holds its
+lock around every method, :class:`~allocator.client.aio.AsyncIdClient` runs on one event
+loop. After ``fork()`` every live buffer in the child drops its IDs (the parent keeps them).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import weakref
+from collections import deque
+from dataclasses import dataclass
+
+from allocator.client.base import (
+    MAX_BATCH_BLOCKS,
+    NO_ID,
+    Block,
+    ClaimArgumentError,
+    ClientClosedError,
+    PoolEmptyError,
+    Range,
+    UnusedIds,
+    check_consumer,
+    merge_ranges,
+)
+from allocator.errors import (
+    AllocatorError,
+    DatabaseError,
+    DatabaseUnavailableError,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    consumer: str
+    batch_blocks: int
+    max_batch_blocks: int
+    refill_at: float
+    wait_timeout_s: float
+    backoff_initial_s: float
+    backoff_max_s: float
+    close_timeout_s: float
+
+
+def validated_settings(
+    consumer: str,
+    *,
+    batch_blocks: int,
+    max_batch_blocks: int | None,
+    refill_at: float,
+    wait_timeout_s: float,
+    backoff_initial_s: float,
+    backoff_max_s: float,
+    close_timeout_s: float,
+) -> Settings:
+    """Every client setting validated in one place (ValueError, or ClaimArgumentError for a
+    consumer name the database would refuse)."""
+    check_consumer(consumer)
+    if not 1 <= batch_blocks <= MAX_BATCH_BLOCKS:
+        raise ValueError(f"batch_blocks must be in 1..{MAX_BATCH_BLOCKS} (got {batch_blocks})")
+    if max_batch_blocks is None:
+        max_batch_blocks = batch_blocks
+    if not batch_blocks <= max_batch_blocks <= MAX_BATCH_BLOCKS:
+        raise ValueError(
+            f"max_batch_blocks must be in batch_blocks..{MAX_BATCH_BLOCKS} (got {max_batch_blocks})"
+        )
+    if not 0.0 < refill_at <= 1.0:
+        raise ValueError(f"refill_at must be in (0, 1] (got {refill_at})")
+    for name, value in (
+        ("wait_timeout_s", wait_timeout_s),
+        ("backoff_initial_s", backoff_initial_s),
+        ("backoff_max_s", backoff_max_s),
+        ("close_timeout_s", close_timeout_s),
+    ):
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{name} must be a positive number of seconds (got {value})")
+    if backoff_max_s < backoff_initial_s:
+        raise ValueError("backoff_max_s must be >= backoff_initial_s")
+    return Settings(
+        consumer,
+        batch_blocks,
+        max_batch_blocks,
+        refill_at,
+        wait_timeout_s,
+        backoff_initial_s,
+        backoff_max_s,
+        close_timeout_s,
+    )
+
+
+class Buffer:
+    """State and slow-path logic shared by both clients; no locking here (the sync client
+    holds its lock around every method, the async one runs on one event loop).
+
+    The current block is ``[_next, _last]`` (empty when ``_next > _last``); ``_rest`` holds
+    the current segment's other blocks; ``_prefetched`` the next segment; ``_trigger`` the ID
+    whose hand-out asks for a refill (``NO_ID`` when none is pending).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self._settings = settings
+        self._consumer = settings.consumer
+        self._next = 1
+        self._last = 0
+        self._trigger = NO_ID
+        self._rest: deque[Range] = deque()
+        self._prefetched: list[Range] | None = None
+        self._refill_wanted = False
+        self._claim_in_flight = False
+        self._batch_blocks = settings.batch_blocks
+        self._grown_after_claims = 0
+        self._closing = False
+        self._closed_error: ClientClosedError | None = None
+        self._fatal: AllocatorError | None = None
+        self._last_error: AllocatorError | None = None
+        self._report: UnusedIds | None = None
+        self._stats = {
+            "claims": 0,
+            "claim_failures": 0,
+            "pool_empty_answers": 0,
+            "blocks_claimed": 0,
+            "ids_claimed": 0,
+            "waits": 0,
+            "wait_timeouts": 0,
+            "last_claim_us": 0,
+            "max_claim_us": 0,
+        }
+        LIVE_BUFFERS.add(self)
+
+    # All of these run with the client's lock held (or on its event loop).
+
+    def _advance(self) -> bool:
+        """Make the next block current; False (and a refill wanted) when none is buffered."""
+        if self._rest:
+            self._next, self._last = self._rest.popleft()
+            return True
+        segment = self._prefetched
+        if segment:
+            self._prefetched = None
+            self._install(segment)
+            return True
+        self._refill_wanted = True
+        return False
+
+    def _install(self, segment: list[Range]) -> None:
+        total = sum(last - first + 1 for first, last in segment)
+        offset = min(total - 1, math.floor(total * (1.0 - self._settings.refill_at)))
+        self._trigger = NO_ID
+        self._rest = deque(segment)
+        self._next, self._last = self._rest.popleft()
+        if offset <= 0:  # refill_at = 1: ask for the next segment as this one starts
+            self._refill_due()
+            return
+        for first, last in segment:
+            if offset <= last - first:
+                self._trigger = first + offset
+                return
+            offset -= last - first + 1
+
+    def _refill_due(self) -> None:
+        """The trigger ID went out: the claimer should fetch the next segment now."""
+        self._trigger = NO_ID
+        self._refill_wanted = True
+        self._wake_claimer()
+
+    def _wake_claimer(self) -> None:
+        raise NotImplementedError
+
+    def _take(self, need: int, ranges: list[Range]) -> int:
+        """Move up to ``need`` IDs into ``ranges``; returns how many are still missing."""
+        while need:
+            available = self._last - self._next + 1
+            if available <= 0:
+                if not self._advance():
+                    break
+                continue
+            count = min(need, available)
+            first = self._next
+            last = first + count - 1
+            self._next = last + 1
+            if first <= self._trigger <= last:
+                self._refill_due()
+            ranges.append((first, last))
+            need -= count
+        return need
+
+    def _give_back(self, ranges: list[Range]) -> None:
+        """Return a failed ``take``'s ranges; used before anything else. The current block
+        is exhausted and nothing is buffered, or the take would not have had to wait."""
+        if ranges and self._closed_error is None:
+            self._rest.extendleft(reversed(ranges))
+            ranges.clear()
+
+    def _note_wait(self) -> None:
+        """A caller found nothing buffered. After the first claim that means the prefetch
+        came too late for this rate: claim bigger segments (doubling, up to
+        ``max_batch_blocks``; once per claim however many callers wait)."""
+        self._stats["waits"] += 1
+        claims = self._stats["claims"]
+        limit = self._settings.max_batch_blocks
+        if claims and claims != self._grown_after_claims and self._batch_blocks < limit:
+            self._batch_blocks = min(limit, self._batch_blocks * 2)
+            self._grown_after_claims = claims
+            log.info(
+                "event=client_batch_grown consumer=%s batch_blocks=%d",
+                self._consumer,
+                self._batch_blocks,
+            )
+
+    def _timed(self, started_ns: int) -> None:
+        took_us = (time.perf_counter_ns() - started_ns) // 1000
+        self._stats["last_claim_us"] = took_us
+        self._stats["max_claim_us"] = max(self._stats["max_claim_us"], took_us)
+
+    def _wants_claim(self) -> bool:
+        return (
+            self._refill_wanted
+            and self._prefetched is None
+            and not self._closing
+            and self._fatal is None
+        )
+
+    def _accept(self, blocks: list[Block]) -> list[Range]:
+        """Buffer a claimed segment (also while closing: the report will include it);
+        returns it instead when the client's report is already out (the IDs are lost)."""
+        segment = [(b.first_id, b.last_id) for b in sorted(blocks, key=lambda b: b.first_id)]
+        if not segment:  # claim_blocks raises AL003 instead; a custom claimer might not
+            raise PoolEmptyError("claim ID blocks: the claim returned no block")
+        if any(first > last for first, last in segment):
+            raise DatabaseError("claim ID blocks: the database returned a block with last < first")
+        self._stats["claims"] += 1
+        self._stats["blocks_claimed"] += len(segment)
+        self._stats["ids_claimed"] += sum(last - first + 1 for first, last in segment)
+        self._last_error = None
+        if self._closed_error is not None:  # the report is out: nobody will use these
+            return segment
+        if segment:
+            self._prefetched = segment
+            self._refill_wanted = False
+        return []
+
+    def _failed(self, error: AllocatorError) -> None:
+        self._stats["claim_failures"] += 1
+        if isinstance(error, PoolEmptyError):
+            self._stats["pool_empty_answers"] += 1
+        if isinstance(error, ClaimArgumentError):
+            self._fatal = error
+        self._last_error = error
+
+    def _check_usable(self) -> None:
+        """Raise what a caller who found no ID left must raise at once, if anything."""
+        if self._closed_error is not None:
+            raise ClientClosedError(str(self._closed_error))
+        if self._closing:
+            raise ClientClosedError(f"ID client for consumer {self._consumer!r} is closing")
+        fatal = self._fatal
+        if fatal is not None:
+            raise ClaimArgumentError(
+                f"no ID block for consumer {self._consumer!r}: {fatal}",
+                sqlstate=getattr(fatal, "sqlstate", ""),
+            ) from fatal
+        last = self._last_error
+        if last is not None and not isinstance(last, PoolEmptyError | DatabaseUnavailableError):
+            raise DatabaseError(f"no ID block for consumer {self._consumer!r}: {last}") from last
+
+    def _timeout_error(self) -> AllocatorError:
+        self._stats["wait_timeouts"] += 1
+        last = self._last_error
+        base = (
+            f"no ID block for consumer {self._consumer!r} within "
+            f"{self._settings.wait_timeout_s:g} s"
+        )
+        error: AllocatorError
+        if isinstance(last, PoolEmptyError):
+            error = PoolEmptyError(
+                f"{base}: the pool is empty (the leader refills it; check allocator.pool_status)"
+            )
+        elif last is None:
+            error = DatabaseUnavailableError(f"{base}: the claim is still running")
+        else:
+            error = DatabaseUnavailableError(f"{base}: {last}")
+        error.__cause__ = last
+        return error
+
+    def _close_buffers(self) -> UnusedIds:
+        """Take every unused range out of the client (no ID can be handed out after this)."""
+        ranges: list[Range] = []
+        if self._next <= self._last:
+            ranges.append((self._next, self._last))
+        ranges.extend(self._rest)
+        ranges.extend(self._prefetched or [])
+        self._next, self._last, self._trigger = 1, 0, NO_ID
+        self._rest.clear()
+        self._prefetched = None
+        return UnusedIds(
+            count=sum(last - first + 1 for first, last in ranges),
+            ranges=merge_ranges(ranges),
+            complete=not self._claim_in_flight,
+        )
+
+    def _available(self) -> int:
+        current = max(0, self._last - self._next + 1)
+        rest = sum(last - first + 1 for first, last in self._rest)
+        ahead = sum(last - first + 1 for first, last in self._prefetched or [])
+        return current + rest + ahead
+
+    def _stats_snapshot(self) -> dict[str, int]:
+        return {
+            **self._stats,
+            "ids_available": self._available(),
+            "prefetched_blocks": len(self._prefetched or []),
+            "batch_blocks": self._batch_blocks,
+            "claim_in_flight": int(self._claim_in_flight),
+        }
+
+    def _after_fork_in_child(self) -> None:
+        self._next, self._last, self._trigger = 1, 0, NO_ID
+        self._rest = deque()
+        self._prefetched = None
+        self._closed_error = ClientClosedError(
+            f"ID client for consumer {self._consumer!r} was inherited across fork(); "
+            "create a new client in the child process"
+        )
+
+
+LIVE_BUFFERS: weakref.WeakSet[Buffer] = weakref.WeakSet()
+
+
+def forget_buffers_after_fork() -> None:
+    # The parent keeps handing out these IDs; the child must never use them (I1).
+    for client in list(LIVE_BUFFERS):
+        client._after_fork_in_child()
+
+
+os.register_at_fork(after_in_child=forget_buffers_after_fork)
+
+
+def log_unused(consumer: str, report: UnusedIds) -> None:
+    if report.count or not report.complete:
+        log.info(
+            "event=client_closed consumer=%s unused_ids=%d unused_ranges=%s complete=%s",
+            consumer,
+            report.count,
+            ",".join(f"{first}-{last}" for first, last in report.ranges) or "-",
+            report.complete,
+        )
+
+
+def log_lost(consumer: str, segment: list[Range]) -> None:
+    log.warning(
+        "event=client_blocks_lost_after_close consumer=%s ids=%d ranges=%s",
+        consumer,
+        sum(last - first + 1 for first, last in segment),
+        ",".join(f"{first}-{last}" for first, last in merge_ranges(segment)),
+    )
+
+
+def log_claim_failed(consumer: str, error: AllocatorError, delay_s: float | None) -> None:
+    if isinstance(error, PoolEmptyError):
+        log.debug("event=client_pool_empty consumer=%s retry_in_s=%.3f", consumer, delay_s or 0)
+    elif delay_s is None:
+        log.error("event=client_claim_refused consumer=%s error=%s", consumer, error)
+    else:
+        log.warning(
+            "event=client_claim_failed consumer=%s error=%s retry_in_s=%.3f",
+            consumer,
+            error,
+            delay_s,
+        )
+
+
+def as_allocator_error(exc: Exception) -> AllocatorError:
+    if isinstance(exc, AllocatorError):
+        return exc
+    log.error("event=client_claimer_bug error=%r", exc, exc_info=exc)
+    error = DatabaseError(f"claim ID blocks: unexpected {type(exc).__name__}: {exc}")
+    error.__cause__ = exc
+    return error

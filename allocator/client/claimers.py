@@ -1,0 +1,458 @@
+"""The claimers: :class:`PostgresClaimer` / :class:`AsyncPostgresClaimer` (own connection or a
+psycopg pool), :class:`InMemoryClaimer` for tests, and :func:`claim_once`.
+
+Rules: a claimer only claims (``allocator.claim_blocks``) and translates errors
+(:func:`~allocator.client.base.translate_claim_error`); it never buffers IDs. A claimer that
+owns a connection closes it after any error other than AL001..AL003, so the next claim
+reconnects. One caller at a time (the clients guarantee it).
+"""
+
+from __future__ import annotations
+
+import math
+import selectors
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.pq import ExecStatus, TransactionStatus
+from psycopg.pq.abc import PGresult
+from psycopg.rows import TupleRow
+from psycopg_pool import AsyncConnectionPool, ConnectionPool
+
+from allocator.client.base import (
+    APPLICATION_NAME,
+    ARGUMENT_SQLSTATES,
+    CLAIM_BLOCKS,
+    CLAIM_BLOCKS_PQ,
+    DEFAULT_CONNECT_TIMEOUT_S,
+    DEFAULT_STATEMENT_TIMEOUT_MS,
+    INT4_OID,
+    MAX_BATCH_BLOCKS,
+    POOL_EMPTY_SQLSTATE,
+    SET_STATEMENT_TIMEOUT,
+    TEXT_OID,
+    AsyncClaimer,
+    Block,
+    ClaimArgumentError,
+    Claimer,
+    PoolEmptyError,
+    check_consumer,
+    translate_claim_error,
+)
+from allocator.errors import (
+    DatabaseError,
+    DatabaseUnavailableError,
+)
+
+
+def _blocks_of(rows: Sequence[TupleRow]) -> list[Block]:
+    return [Block(int(row[0]), int(row[1]), int(row[2])) for row in rows]
+
+
+def _connect_timeout(seconds: float) -> int:
+    return max(2, math.ceil(seconds))  # libpq counts whole seconds; below 2 it misbehaves
+
+
+# -- PostgreSQL claimers -----------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class SentClaim:
+    """A claim :meth:`PostgresClaimer.begin` sent: its connection, whether libpq has flushed
+    it all to the socket yet, and the results read so far."""
+
+    conn: psycopg.Connection[TupleRow]
+    flushed: bool
+    results: list[PGresult]
+
+
+class PostgresClaimer:
+    """Claims over one connection of its own (opened on first claim, reopened after a
+    failure) from a conninfo string, or over connections borrowed from a ``psycopg_pool``
+    pool (whose settings are then the pool owner's business).
+
+    It is a :class:`NonBlockingClaimer` over its own connection once that is open (the first
+    :meth:`claim` opens it; ``begin`` never connects): ``begin`` sends the claim with libpq's
+    non-blocking calls (psycopg keeps its connections in non-blocking mode), ``poll`` reads
+    what has arrived, ``finish`` waits on the socket with the GIL released, for at most the
+    statement timeout plus ``connect_timeout_s``. Over a pool ``begin`` always declines.
+    """
+
+    def __init__(
+        self,
+        source: str | ConnectionPool[Any],
+        *,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
+        application_name: str = APPLICATION_NAME,
+    ) -> None:
+        self._source = source
+        self._connect_timeout_s = connect_timeout_s
+        self._statement_timeout_ms = statement_timeout_ms
+        self._application_name = application_name
+        self._answer_timeout_s = statement_timeout_ms / 1000 + connect_timeout_s
+        self._conn: psycopg.Connection[TupleRow] | None = None
+        self._sent: SentClaim | None = None
+
+    def claim(self, consumer: str, n: int) -> list[Block]:
+        if self._sent is not None:  # a begun claim nobody finished: abandon it (lost)
+            self.close()
+        params = {"consumer": consumer, "n": n}
+        try:
+            if isinstance(self._source, ConnectionPool):
+                with self._source.connection() as conn:
+                    rows = conn.execute(CLAIM_BLOCKS, params).fetchall()
+            else:
+                rows = self._connection().execute(CLAIM_BLOCKS, params).fetchall()
+        except psycopg.Error as exc:
+            if (exc.sqlstate or "") not in ARGUMENT_SQLSTATES | {POOL_EMPTY_SQLSTATE}:
+                self.close()  # the connection may be broken: the next claim reconnects
+            raise translate_claim_error(exc) from exc
+        return _blocks_of(rows)
+
+    def _connection(self) -> psycopg.Connection[TupleRow]:
+        if self._conn is None or self._conn.closed:
+            assert isinstance(self._source, str)
+            conn = psycopg.connect(
+                self._source,
+                autocommit=True,
+                connect_timeout=_connect_timeout(self._connect_timeout_s),
+                application_name=self._application_name,
+            )
+            try:
+                conn.execute(SET_STATEMENT_TIMEOUT, {"ms": str(self._statement_timeout_ms)})
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn
+
+    def begin(self, consumer: str, n: int) -> bool:
+        """Send a claim over the own connection without waiting (see
+        :class:`NonBlockingClaimer`). libpq writes the few hundred bytes into the socket
+        buffer at once; the rare rest is flushed by :meth:`poll`."""
+        conn = self._conn
+        if self._sent is not None or conn is None or conn.closed:
+            return False  # also: a pool source, which never opens a connection of its own
+        pgconn = conn.pgconn
+        if pgconn.transaction_status != TransactionStatus.IDLE:
+            return False
+        try:
+            params = [consumer.encode(conn.info.encoding), str(n).encode()]
+        except (UnicodeError, LookupError):
+            return False  # claim() reports it
+        try:
+            pgconn.send_query_params(CLAIM_BLOCKS_PQ, params, param_types=[TEXT_OID, INT4_OID])
+            flushed = pgconn.flush() == 0
+        except psycopg.Error:
+            # Broken connection: claim() reconnects. Had the server read the whole claim, its
+            # blocks are lost, like any claim whose answer never arrives.
+            self.close()
+            return False
+        self._sent = SentClaim(conn, flushed, [])
+        return True
+
+    def poll(self) -> list[Block] | None:
+        """The begun claim's blocks once its answer is in (see :class:`NonBlockingClaimer`):
+        ``consume_input`` reads what the socket holds, ``is_busy`` tells whether libpq can
+        hand out the next result without waiting."""
+        sent = self._sent
+        if sent is None:
+            raise RuntimeError("PostgresClaimer.poll() without a claim begun")
+        pgconn = sent.conn.pgconn
+        try:
+            if not sent.flushed:
+                pgconn.consume_input()  # libpq: read whatever is readable, then flush again
+                if pgconn.flush() != 0:
+                    return None
+                sent.flushed = True
+            pgconn.consume_input()
+            while not pgconn.is_busy():
+                result = pgconn.get_result()
+                if result is None:
+                    break
+                sent.results.append(result)
+            else:
+                return None
+        except psycopg.Error as exc:  # the connection failed (OperationalError)
+            self._sent = None
+            self.close()
+            raise translate_claim_error(exc) from exc
+        self._sent = None
+        return self._blocks_from(sent)
+
+    def finish(self, timeout_s: float | None = None) -> list[Block]:
+        """Wait for the begun claim's answer (see :class:`NonBlockingClaimer`); the default
+        bound is the statement timeout plus ``connect_timeout_s``."""
+        sent = self._sent
+        if sent is None:
+            raise RuntimeError("PostgresClaimer.finish() without a claim begun")
+        limit = self._answer_timeout_s if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        blocks = self.poll()
+        if blocks is not None:
+            return blocks
+        try:
+            fd = sent.conn.pgconn.socket
+        except psycopg.Error as exc:
+            self._sent = None
+            self.close()
+            raise translate_claim_error(exc) from exc
+        with selectors.DefaultSelector() as selector:
+            selector.register(fd, selectors.EVENT_READ)
+            while True:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    self._sent = None
+                    self.close()  # abandons the claim: whatever it claimed is lost
+                    raise DatabaseUnavailableError(
+                        f"claim ID blocks: no answer from PostgreSQL within {limit:g} s"
+                    )
+                events = selectors.EVENT_READ | (0 if sent.flushed else selectors.EVENT_WRITE)
+                selector.modify(fd, events)
+                selector.select(remaining)
+                blocks = self.poll()
+                if blocks is not None:
+                    return blocks
+
+    def _blocks_from(self, sent: SentClaim) -> list[Block]:
+        """The blocks in a finished claim's results, or its translated error (the connection
+        closed unless it was AL001..AL003, as :meth:`claim` does)."""
+        for result in sent.results:
+            if result.status == ExecStatus.FATAL_ERROR:
+                exc = psycopg.errors.error_from_result(result, encoding=sent.conn.info.encoding)
+                if (exc.sqlstate or "") not in ARGUMENT_SQLSTATES | {POOL_EMPTY_SQLSTATE}:
+                    self.close()
+                raise translate_claim_error(exc) from exc
+        rows = [r for r in sent.results if r.status == ExecStatus.TUPLES_OK]
+        blocks: list[Block] = []
+        if len(rows) == 1 and rows[0].nfields == 3:
+            result = rows[0]
+            for row in range(result.ntuples):
+                block_id, first_id, last_id = (result.get_value(row, column) for column in range(3))
+                if block_id is None or first_id is None or last_id is None:
+                    break
+                blocks.append(Block(int(block_id), int(first_id), int(last_id)))
+            else:
+                return blocks
+        self.close()
+        statuses = ",".join(ExecStatus(r.status).name for r in sent.results) or "none"
+        raise DatabaseError(f"claim ID blocks: unexpected answer from PostgreSQL ({statuses})")
+
+    def close(self) -> None:
+        """Close the own connection (a borrowed pool stays open); a begun claim is
+        abandoned (what it claimed is lost)."""
+        self._sent = None
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+
+
+class AsyncPostgresClaimer:
+    """:class:`PostgresClaimer` for asyncio: an own ``AsyncConnection`` or an
+    ``AsyncConnectionPool``."""
+
+    def __init__(
+        self,
+        source: str | AsyncConnectionPool[Any],
+        *,
+        connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+        statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
+        application_name: str = APPLICATION_NAME,
+    ) -> None:
+        self._source = source
+        self._connect_timeout_s = connect_timeout_s
+        self._statement_timeout_ms = statement_timeout_ms
+        self._application_name = application_name
+        self._conn: psycopg.AsyncConnection[TupleRow] | None = None
+
+    async def claim(self, consumer: str, n: int) -> list[Block]:
+        params = {"consumer": consumer, "n": n}
+        try:
+            if isinstance(self._source, AsyncConnectionPool):
+                async with self._source.connection() as conn:
+                    cursor = await conn.execute(CLAIM_BLOCKS, params)
+                    rows = await cursor.fetchall()
+            else:
+                conn = await self._connection()
+                rows = await (await conn.execute(CLAIM_BLOCKS, params)).fetchall()
+        except psycopg.Error as exc:
+            if (exc.sqlstate or "") not in ARGUMENT_SQLSTATES | {POOL_EMPTY_SQLSTATE}:
+                await self.close()
+            raise translate_claim_error(exc) from exc
+        return _blocks_of(rows)
+
+    async def _connection(self) -> psycopg.AsyncConnection[TupleRow]:
+        if self._conn is None or self._conn.closed:
+            assert isinstance(self._source, str)
+            conn = await psycopg.AsyncConnection.connect(
+                self._source,
+                autocommit=True,
+                connect_timeout=_connect_timeout(self._connect_timeout_s),
+                application_name=self._application_name,
+            )
+            try:
+                await conn.execute(SET_STATEMENT_TIMEOUT, {"ms": str(self._statement_timeout_ms)})
+            except BaseException:
+                await conn.close()
+                raise
+            self._conn = conn
+        return self._conn
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            await conn.close()
+
+
+class InMemoryClaimer:
+    """A fake pool for tests (yours and ours): consecutive blocks of ``block_size`` IDs from
+    ``first_id``; after ``blocks`` blocks (None: never) it answers like an empty pool.
+    Thread-safe; usable as a :class:`Claimer` and, through :meth:`as_async`, an
+    :class:`AsyncClaimer`.
+
+    With ``non_blocking`` it also plays a :class:`NonBlockingClaimer`: ``begin`` records the
+    claim, which is made (through :meth:`claim`, errors included) when its answer is
+    collected; :meth:`hold_answers` keeps answers out (``poll`` returns None, ``finish``
+    waits) until :meth:`release_answers`. Without it ``begin`` always declines."""
+
+    def __init__(
+        self,
+        *,
+        block_size: int = 4096,
+        first_id: int = 1 << 22,
+        blocks: int | None = None,
+        non_blocking: bool = False,
+    ) -> None:
+        if block_size < 1 or first_id < 0 or (blocks is not None and blocks < 0):
+            raise ValueError("block_size must be >= 1, first_id and blocks >= 0")
+        self._lock = threading.Lock()
+        self._block_size = block_size
+        self._next_first = first_id
+        self._left = blocks
+        self._next_block_id = 1
+        self.claims: list[tuple[str, int]] = []
+        """Every call, as ``(consumer, n)``."""
+        self.handed_out: list[Block] = []
+        self.non_blocking = non_blocking
+        self.begun: list[tuple[str, int]] = []
+        """Every claim ``begin`` accepted, as ``(consumer, n)``."""
+        self._sent: tuple[str, int] | None = None
+        self._answers = threading.Event()
+        self._answers.set()
+
+    def add_blocks(self, count: int) -> None:
+        """Stock the pool with ``count`` more blocks (when it is limited)."""
+        with self._lock:
+            self._left = (self._left or 0) + count
+
+    def claim(self, consumer: str, n: int) -> list[Block]:
+        check_consumer(consumer)
+        if not 1 <= n <= MAX_BATCH_BLOCKS:
+            raise ClaimArgumentError(
+                f"block count must be between 1 and {MAX_BATCH_BLOCKS}, got {n}", sqlstate="AL002"
+            )
+        with self._lock:
+            self.claims.append((consumer, n))
+            count = n if self._left is None else min(n, self._left)
+            if count == 0:
+                raise PoolEmptyError("claim ID blocks: pool empty: no ID block is available")
+            if self._left is not None:
+                self._left -= count
+            blocks = []
+            for _ in range(count):
+                first = self._next_first
+                blocks.append(Block(self._next_block_id, first, first + self._block_size - 1))
+                self._next_first += self._block_size
+                self._next_block_id += 1
+            self.handed_out.extend(blocks)
+            return blocks
+
+    def hold_answers(self) -> None:
+        """Keep begun claims unanswered until :meth:`release_answers`."""
+        self._answers.clear()
+
+    def release_answers(self) -> None:
+        self._answers.set()
+
+    @property
+    def claim_begun(self) -> bool:
+        """Whether a begun claim awaits collection."""
+        return self._sent is not None
+
+    def begin(self, consumer: str, n: int) -> bool:
+        with self._lock:
+            if not self.non_blocking or self._sent is not None:
+                return False
+            self._sent = (consumer, n)
+            self.begun.append((consumer, n))
+            return True
+
+    def poll(self) -> list[Block] | None:
+        with self._lock:
+            sent = self._sent
+            if sent is None:
+                raise RuntimeError("InMemoryClaimer.poll() without a claim begun")
+            if not self._answers.is_set():
+                return None
+            self._sent = None
+        return self.claim(*sent)
+
+    def finish(self, timeout_s: float | None = None) -> list[Block]:
+        limit = DEFAULT_STATEMENT_TIMEOUT_MS / 1000 if timeout_s is None else timeout_s
+        deadline = time.monotonic() + limit
+        while (blocks := self.poll()) is None:
+            if not self._answers.wait(max(0.0, deadline - time.monotonic())):
+                with self._lock:
+                    self._sent = None
+                raise DatabaseUnavailableError(f"claim ID blocks: no answer within {limit:g} s")
+        return blocks
+
+    def close(self) -> None:
+        pass
+
+    def as_async(self) -> AsyncClaimer:
+        return AsyncAdapter(self)
+
+
+class AsyncAdapter:
+    def __init__(self, claimer: Claimer) -> None:
+        self._claimer = claimer
+
+    async def claim(self, consumer: str, n: int) -> list[Block]:
+        return self._claimer.claim(consumer, n)
+
+    async def close(self) -> None:
+        self._claimer.close()
+
+
+def claim_once(
+    url: str,
+    consumer: str,
+    n: int = 1,
+    *,
+    connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
+    statement_timeout_ms: int = DEFAULT_STATEMENT_TIMEOUT_MS,
+    application_name: str = APPLICATION_NAME,
+) -> list[Block]:
+    """Claim up to ``n`` blocks (1..1000) in one call over a short-lived connection; fewer
+    when the pool runs short. Raises :class:`PoolEmptyError` when none could be claimed."""
+    check_consumer(consumer)
+    if not 1 <= n <= MAX_BATCH_BLOCKS:
+        raise ClaimArgumentError(
+            f"block count must be between 1 and {MAX_BATCH_BLOCKS}, got {n}", sqlstate="AL002"
+        )
+    claimer = PostgresClaimer(
+        url,
+        connect_timeout_s=connect_timeout_s,
+        statement_timeout_ms=statement_timeout_ms,
+        application_name=application_name,
+    )
+    try:
+        return claimer.claim(consumer, n)
+    finally:
+        claimer.close()
