@@ -39,6 +39,7 @@ import logging
 import math
 import os
 import re
+import resource
 import shutil
 import subprocess
 import tempfile
@@ -151,6 +152,9 @@ class Result:
     p999_ms: float
     max_ms: float
     pool_exhausted: bool
+    generator_cpu_share: float = 0.0
+    """pgbench's own CPU time over the run's CPU capacity (seconds x CPUs): how much of the
+    machine the load generator took (well below 1: it was not the bottleneck)."""
     ratio_vs: dict[str, float] = field(default_factory=dict)
     """claim_blocks rows: claims/s over each baseline's at the same clients (and batch;
     nextval always at batch 1)."""
@@ -170,6 +174,8 @@ class Pgbench:
     latencies_us: list[int]
     aborted: bool
     stderr: str
+    cpu_s: float
+    """CPU time (user + system) pgbench itself used: the load generator's own cost."""
 
 
 @dataclass
@@ -337,6 +343,7 @@ def run_pgbench(
             argv += ["-l", f"--log-prefix={folder / 'tx'}"]
         argv.append(conninfo)
         limit = (seconds or 0) + PGBENCH_GRACE_S + (transactions or 0) * clients / 1000
+        cpu_before = _children_cpu_s()
         try:
             done = subprocess.run(
                 argv,
@@ -358,12 +365,20 @@ def run_pgbench(
         tps = re.search(r"tps = ([\d.]+) \(without initial connection time\)", done.stdout)
         latencies = _read_logs(folder) if latency_log else []
     return Pgbench(
+        cpu_s=round(_children_cpu_s() - cpu_before, 3),
         transactions=int(processed.group(1)) if processed else 0,
         tps=float(tps.group(1)) if tps else 0.0,
         latencies_us=latencies,
         aborted=aborted,
         stderr=done.stderr,
     )
+
+
+def _children_cpu_s() -> float:
+    """User + system CPU seconds of every child process waited for so far (pgbench runs
+    one at a time, so the difference around a run is that run's)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _read_logs(folder: Path) -> list[int]:
@@ -468,6 +483,7 @@ def measure(
         p999_ms=percentile_ms(lat, 0.999),
         max_ms=percentile_ms(lat, 1.0),
         pool_exhausted=exhausted,
+        generator_cpu_share=round(outcome.cpu_s / (seconds * (os.cpu_count() or 1)), 3),
         table_stats=stats,
     )
 

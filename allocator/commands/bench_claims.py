@@ -242,7 +242,7 @@ def _table(document: dict[str, Any], results: list[Result]) -> Iterator[str]:
     yield ""
     yield (
         f"{'method':<15} {'clients':>7} {'batch':>5} {'prior':>9} {'claims/s':>10} "
-        f"{'IDs/s':>14} {'p50 ms':>7} {'p99 ms':>7}  ratio claim_blocks / baseline"
+        f"{'IDs/s':>14} {'p50 ms':>7} {'p99 ms':>7} {'pgbench':>7}  ratio claim_blocks / baseline"
     )
     for r in results:
         ratios = "  ".join(f"{k} {v:.2f}x" for k, v in r.ratio_vs.items())
@@ -252,10 +252,11 @@ def _table(document: dict[str, Any], results: list[Result]) -> Iterator[str]:
         yield (
             f"{r.method:<15} {r.clients:>7} {r.batch:>5} {r.prior_claims:>9,} "
             f"{r.claims_per_s:>10,.0f} {r.ids_per_s:>14,.0f} {r.p50_ms:>7.2f} "
-            f"{r.p99_ms:>7.2f}  {ratios}{flag}"
+            f"{r.p99_ms:>7.2f} {r.generator_cpu_share:>7.0%}  {ratios}{flag}"
         )
     targets = document["targets"]
     top = max(plan["clients"])
+    yield "(pgbench: the load generator's own share of the machine's CPU time during the run)"
     yield ""
     yield (
         f"targets at {top} clients (reported, not judged): >= {targets['vs_skip_locked']:g}x "

@@ -59,6 +59,7 @@ def test_bench_claims_json(state_dir: Path, tmp_path: Path) -> None:
             assert isinstance(row[key], int | float), key
             assert row[key] >= 0, key
         assert row["claims"] > 0, row
+        assert 0 <= row["generator_cpu_share"] <= 1, row  # pgbench's own CPU share
         assert isinstance(row["ratio_vs"], dict)
         if row["method"] == "claim_blocks":
             assert set(row["ratio_vs"]) == METHODS - {"claim_blocks"}
