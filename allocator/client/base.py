@@ -17,11 +17,7 @@ import psycopg
 from psycopg_pool import PoolClosed
 
 from allocator import db
-from allocator.errors import (
-    AllocatorError,
-    DatabaseError,
-    UsageError,
-)
+from allocator.errors import AllocatorError, DatabaseError, UsageError
 
 Range = tuple[int, int]
 

@@ -28,11 +28,7 @@ from allocator.client.base import (
     check_consumer,
     merge_ranges,
 )
-from allocator.errors import (
-    AllocatorError,
-    DatabaseError,
-    DatabaseUnavailableError,
-)
+from allocator.errors import AllocatorError, DatabaseError, DatabaseUnavailableError
 
 log = logging.getLogger(__name__)
 

@@ -43,9 +43,7 @@ from allocator.client.buffer import (
     validated_settings,
 )
 from allocator.client.claimers import PostgresClaimer
-from allocator.errors import (
-    AllocatorError,
-)
+from allocator.errors import AllocatorError
 
 log = logging.getLogger(__name__)
 
