@@ -16,11 +16,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from kazoo.client import KazooClient
 
 from allocator.config import Config, load_config
 from allocator.node import EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node
 from jobs.context import wall_clock_ms
+from tests.fixtures import zk
 from tests.fixtures.pg import claim
 
 pytestmark = pytest.mark.integration
@@ -115,13 +115,11 @@ def assert_ledger_sound(db_url: str) -> None:
 
 
 def expire_session(zk_hosts: str, node: Node) -> None:
-    """A real server-side expiry: attach to the victim's session, then close it."""
+    """A real server-side expiry of ``node``'s session, seen by the node (it dropped or
+    replaced those credentials)."""
     credentials = node.session_credentials()
     assert credentials is not None
-    thief = KazooClient(hosts=zk_hosts, client_id=credentials)
-    thief.start(timeout=15)
-    thief.stop()
-    thief.close()
+    zk.expire_session(zk_hosts, credentials, lambda: node.session_credentials() != credentials)
 
 
 def test_one_leader_fills_the_pool_and_hands_over_on_shutdown(
