@@ -755,6 +755,9 @@ class LocalCluster:
             self._stop_supervisor(state)
             supervising = False
         state.nodes = wanted
+        # The nodes' chroot exists whatever the count, so node_zk_hosts works for nodes
+        # started by hand (``allocator run``) next to a cluster brought up with none.
+        zookeeper.ensure_path(_zk_hosts(state), nodes_mod.DEFAULT_CHROOT, self._start_timeout_s)
         if not wanted:
             self._save(state)
             return
@@ -765,7 +768,6 @@ class LocalCluster:
         nodes_mod.stop_recorded(self.state_dir, _nodes_stop_timeout_s(state))
         for spec in wanted:
             ports.ensure_free(spec.admin_port, f"{spec.name} admin port")
-        zookeeper.ensure_path(_zk_hosts(state), nodes_mod.DEFAULT_CHROOT, self._start_timeout_s)
         state.node_generation += 1
         self._save(state)
         daemon = processes.start(

@@ -50,7 +50,6 @@ import psycopg
 from allocator.config import load_config
 from allocator.layout import Layout
 from allocator.local import nodes as nodes_mod
-from allocator.local import zookeeper
 from allocator.local.cluster import ClusterInfo, LocalCluster, NodeInfo
 from allocator.local.ports import LOOPBACK, pick_free_ports
 from allocator.local.processes import is_pid_alive, tail
@@ -442,8 +441,6 @@ class ChaosCluster:
         nodes (same ZooKeeper chroot, node login role) plus ``env``; ``zk_hosts`` and
         ``database_url`` replace the cluster's (a proxy; the superuser)."""
         info = self.info()
-        # `up` creates the nodes' chroot only when it starts nodes itself.
-        zookeeper.ensure_path(info.zk_hosts, nodes_mod.DEFAULT_CHROOT, WAIT_S)
         port = pick_free_ports(1)[0]
         node_env = nodes_mod.node_env(
             name=name,

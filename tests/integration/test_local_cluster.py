@@ -217,6 +217,8 @@ def test_ensemble_serves_on_loopback(cluster3: LocalCluster) -> None:
     assert sorted(s.mode or "" for s in info.zk_servers) == ["follower", "follower", "leader"]
     with kazoo_client(info.zk_hosts) as client:
         assert write_read(client)
+    with kazoo_client(info.node_zk_hosts) as client:  # the nodes' chroot, even with no node
+        assert write_read(client)
     # Every listening socket on a recorded port is bound to 127.0.0.1 only.
     recorded = {info.postgres.port}
     for s in info.zk_servers:
