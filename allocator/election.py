@@ -239,8 +239,11 @@ def _setter(event: threading.Event) -> Callable[[object], None]:
 
 
 def read_contenders(client: KazooClient, path: str) -> list[Contender]:
-    """The election under ``path`` as an outsider sees it (for ``allocator status``)."""
+    """The election under ``path`` as an outsider sees it (for ``allocator status``). A
+    ``sync`` first: the server we read from has then seen every change the leader of the
+    ensemble committed before (ZooKeeper promises no more without it)."""
     try:
+        client.sync(path)
         children = ordered(client.get_children(path))
     except NoNodeError:
         return []

@@ -112,7 +112,7 @@ def test_token_is_the_czxid_of_our_own_node(zk_hosts: str, clients: list[KazooCl
     assert first.still_ours()
     first.leave()
     assert not first.still_ours()
-    # Another session may be served by another server, which can lag: sync() first, as
-    # ZooKeeper requires for read-your-other-session's-writes.
-    clients[1].sync("/election")
+    # Another session may be served by another server, which can lag: read_contenders
+    # sync()s first, as ZooKeeper requires for read-your-other-session's-writes.
     assert [c.identity.name for c in read_contenders(clients[1], "/election")] == ["b"]
+    assert read_contenders(clients[1], "/no-election-here") == []
