@@ -42,7 +42,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -119,6 +119,10 @@ class LatencyResult:
     """Prefetches sent and collected on the timed thread (no claimer thread involved)."""
     claims_handed_over: int = 0
     """Prefetches whose answer came late: the claimer thread waited for them."""
+    over_1ms_sending_prefetch: int = 0
+    """Calls over 1 ms during which the client sent a prefetch claim (``begin``)."""
+    over_1ms_collecting_prefetch: int = 0
+    """Calls over 1 ms during which the client collected a prefetch's answer (``poll``)."""
 
 
 class _RecordingClaimer:
@@ -132,16 +136,24 @@ class _RecordingClaimer:
         self.block_starts: set[int] = set()
         self.segment_starts: set[int] = set()
         self.block_sizes: set[int] = set()
+        self.begun_at_ns: list[int] = []
+        """``perf_counter_ns()`` of every prefetch sent from the calling thread."""
+        self.collected_at_ns: list[int] = []
+        """``perf_counter_ns()`` of every prefetch answer collected by a ``poll``."""
 
     def claim(self, consumer: str, n: int) -> list[Block]:
         return self._record(self._inner.claim(consumer, n))
 
     def begin(self, consumer: str, n: int) -> bool:
+        self.begun_at_ns.append(time.perf_counter_ns())
         return self._inner.begin(consumer, n)
 
     def poll(self) -> list[Block] | None:
         blocks = self._inner.poll()
-        return None if blocks is None else self._record(blocks)
+        if blocks is None:
+            return None
+        self.collected_at_ns.append(time.perf_counter_ns())
+        return self._record(blocks)
 
     def finish(self, timeout_s: float | None = None) -> list[Block]:
         return self._record(self._inner.finish(timeout_s))
@@ -467,7 +479,17 @@ class _Samples:
     slow: list[int] = field(default_factory=list)
     boundary_ns: list[int] = field(default_factory=list)
     segment_ns: list[int] = field(default_factory=list)
+    slow_spans: list[tuple[int, int]] = field(default_factory=list)
+    """``(start_ns, took_ns)`` of every call over :data:`SLOW_CALL_NS`."""
     errors: list[str] = field(default_factory=list)
+
+    def slow_containing(self, instants_ns: Sequence[int]) -> int:
+        """How many calls over :data:`SLOW_CALL_NS` contain one of ``instants_ns``."""
+        return sum(
+            1
+            for start, took in self.slow_spans
+            if any(start <= at <= start + took for at in instants_ns)
+        )
 
     @property
     def calls(self) -> int:
@@ -508,6 +530,8 @@ def _time_calls(
                     histogram[took] += 1
                 else:
                     slow.append(took)
+                    if took > SLOW_CALL_NS:
+                        samples.slow_spans.append((t0, took))
                 if value in block_starts:
                     samples.boundary_ns.append(took)
                     if value in segment_starts:
@@ -555,6 +579,8 @@ def _latency(
         errors=samples.errors,
         claims_on_caller_thread=stats["claims_on_caller_thread"],
         claims_handed_over=stats["claims_handed_over"],
+        over_1ms_sending_prefetch=samples.slow_containing(claimer.begun_at_ns),
+        over_1ms_collecting_prefetch=samples.slow_containing(claimer.collected_at_ns),
     )
     return result, claimer.block_sizes
 
@@ -603,7 +629,9 @@ def _table(
         f"max {lat.max_ns:,} ns"
     )
     yield (
-        f"  calls over 1 ms: {lat.over_1ms}   waits (nothing buffered): {lat.waits}   "
+        f"  calls over 1 ms: {lat.over_1ms} ({lat.over_1ms_sending_prefetch} sent a prefetch, "
+        f"{lat.over_1ms_collecting_prefetch} collected one)   waits (nothing buffered): "
+        f"{lat.waits}   "
         f"claims: {lat.claims} (max {lat.max_claim_ms:.1f} ms, final batch "
         f"{lat.final_batch_blocks} blocks)"
     )
