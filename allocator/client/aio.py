@@ -29,7 +29,6 @@ from allocator.client.base import (
     ClientClosedError,
     Range,
     UnusedIds,
-    backoff_delay,
 )
 from allocator.client.buffer import (
     Buffer,
@@ -226,7 +225,6 @@ class AsyncIdClient(Buffer):
         return self._consumer
 
     async def _run(self) -> None:
-        attempt = 0
         while True:
             while not self._wants_claim():
                 if self._closing or self._fatal is not None or self._closed_error:
@@ -250,7 +248,6 @@ class AsyncIdClient(Buffer):
                 except AllocatorError as exc:
                     error = exc
                 else:
-                    attempt = 0
                     self._notify_changed()
                     if lost:
                         log_lost(self._consumer, lost)
@@ -260,12 +257,7 @@ class AsyncIdClient(Buffer):
             if self._fatal is not None:
                 log_claim_failed(self._consumer, error, None)
                 return
-            delay = backoff_delay(
-                attempt,
-                initial_s=self._settings.backoff_initial_s,
-                max_s=self._settings.backoff_max_s,
-            )
-            attempt += 1
+            delay = self._retry_delay()
             log_claim_failed(self._consumer, error, delay)
             deadline = time.monotonic() + delay
             while not self._closing and (remaining := deadline - time.monotonic()) > 0:

@@ -25,6 +25,7 @@ from allocator.client.base import (
     PoolEmptyError,
     Range,
     UnusedIds,
+    backoff_delay,
     check_consumer,
     merge_ranges,
 )
@@ -112,6 +113,7 @@ class Buffer:
         self._claim_in_flight = False
         self._batch_blocks = settings.batch_blocks
         self._grown_after_claims = 0
+        self._failures_in_a_row = 0
         self._closing = False
         self._closed_error: ClientClosedError | None = None
         self._fatal: AllocatorError | None = None
@@ -232,6 +234,7 @@ class Buffer:
         if any(first > last for first, last in segment):
             raise DatabaseError("claim ID blocks: the database returned a block with last < first")
         self._stats["claims"] += 1
+        self._failures_in_a_row = 0
         self._stats["blocks_claimed"] += len(segment)
         self._stats["ids_claimed"] += sum(last - first + 1 for first, last in segment)
         self._last_error = None
@@ -242,8 +245,18 @@ class Buffer:
             self._refill_wanted = False
         return []
 
+    def _retry_delay(self) -> float:
+        """Seconds to wait before claiming again after the failures in a row so far
+        (:func:`backoff_delay`; a successful claim starts the count again)."""
+        return backoff_delay(
+            max(0, self._failures_in_a_row - 1),
+            initial_s=self._settings.backoff_initial_s,
+            max_s=self._settings.backoff_max_s,
+        )
+
     def _failed(self, error: AllocatorError) -> None:
         self._stats["claim_failures"] += 1
+        self._failures_in_a_row += 1
         if isinstance(error, PoolEmptyError):
             self._stats["pool_empty_answers"] += 1
         if isinstance(error, ClaimArgumentError):

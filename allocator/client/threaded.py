@@ -32,7 +32,6 @@ from allocator.client.base import (
     NonBlockingClaimer,
     Range,
     UnusedIds,
-    backoff_delay,
 )
 from allocator.client.buffer import (
     Buffer,
@@ -382,8 +381,6 @@ class IdClient(Buffer):
                 self._claimer.close()
 
     def _claim_until_closed(self) -> None:
-        attempt = 0
-        claims_at_failure = -1  # successes since the last failure reset the backoff
         while True:
             with self._lock:
                 job = self._next_job()
@@ -393,12 +390,8 @@ class IdClient(Buffer):
                     error = self._retry_error
                     self._retry_error = None
                     assert error is not None
-                    if self._stats["claims"] != claims_at_failure:
-                        attempt = 0  # claims collected on a caller's thread succeeded since
-                    claims_at_failure = self._stats["claims"]
-                    if not self._back_off(error, attempt):
+                    if not self._back_off(error):
                         return
-                    attempt += 1
                     continue
                 started_ns = self._begun_ns if job == "finish" else time.perf_counter_ns()
             error = None
@@ -421,19 +414,14 @@ class IdClient(Buffer):
                     except AllocatorError as exc:
                         error = exc
                     else:
-                        attempt = 0
                         self._changed.notify_all()
                         if lost:
                             log_lost(self._consumer, lost)
                         continue
                 self._failed(error)
                 self._changed.notify_all()
-                if self._stats["claims"] != claims_at_failure:
-                    attempt = 0
-                claims_at_failure = self._stats["claims"]
-                if not self._back_off(error, attempt):
+                if not self._back_off(error):
                     return
-                attempt += 1
 
     def _next_job(self) -> str | None:
         """Wait (lock held) for the claimer thread's next job: ``finish`` a begun claim
@@ -453,17 +441,13 @@ class IdClient(Buffer):
                 return None
             self._claim_needed.wait()
 
-    def _back_off(self, error: AllocatorError, attempt: int) -> bool:
+    def _back_off(self, error: AllocatorError) -> bool:
         """After a failed claim (lock held): False when the claimer must stop (the error is
         fatal), else True after the backoff delay (cut short by close)."""
         if self._fatal is not None:
             log_claim_failed(self._consumer, error, None)
             return False
-        delay = backoff_delay(
-            attempt,
-            initial_s=self._settings.backoff_initial_s,
-            max_s=self._settings.backoff_max_s,
-        )
+        delay = self._retry_delay()
         log_claim_failed(self._consumer, error, delay)
         deadline = time.monotonic() + delay
         while not self._closing and (remaining := deadline - time.monotonic()) > 0:

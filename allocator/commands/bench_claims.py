@@ -24,23 +24,17 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict
-from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import click
 
 from allocator import benchclaims
 from allocator.benchclaims import Plan, Result, Server
+from allocator.commands import benchkit
 from allocator.commands.bench_client import bench
-from allocator.local.cluster import LocalCluster
 
 DEFAULT_STATE_DIR = Path(".run/bench-claims")
-
-
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
 
 
 def _counts(text: str, option: str, upper: int) -> tuple[int, ...]:
@@ -145,17 +139,17 @@ def claims(
         ),
         pool_blocks=pool_blocks,
     )
-    out = json_out or state_dir / f"bench-claims-{_timestamp()}.json"
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    out = json_out or state_dir / f"bench-claims-{benchkit.timestamp()}.json"
+    signal.signal(signal.SIGTERM, benchkit.on_sigterm)
     try:
         with _server(database_url, state_dir, keep) as (server, cluster_json):
             settings = benchclaims.server_settings(server)
             load_before = os.getloadavg()
             started = time.monotonic()
-            results, template = benchclaims.run_plan(server, plan, _progress)
+            results, template = benchclaims.run_plan(server, plan, benchkit.progress)
             load_after = os.getloadavg()
     except KeyboardInterrupt:
-        _progress("interrupted")
+        benchkit.progress("interrupted")
         raise click.Abort from None
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -192,43 +186,22 @@ def claims(
         for line in _table(document, results):
             click.echo(line)
         click.echo(f"JSON written to {out}")
-    _progress(f"JSON written to {out}")
+    benchkit.progress(f"JSON written to {out}")
 
 
 @contextmanager
 def _server(
     url: str | None, state_dir: Path, keep: bool
 ) -> Iterator[tuple[Server, dict[str, Any]]]:
-    """The server to bench on; brings up (and later stops) the embedded cluster."""
+    """The server to bench on: ``url``, or the embedded cluster (no node)."""
     if url:
-        yield Server(superuser_url=url), {"state_dir": None, "started": False, "stopped": False}
+        yield Server(superuser_url=url), dict(benchkit.NOT_EMBEDDED)
         return
-    cluster = LocalCluster(state_dir, zk_servers=1)
-    info_json: dict[str, Any] = {"state_dir": str(cluster.state_dir), "started": False}
-    came_up = False
-    try:
-        _progress(f"starting the embedded cluster in {cluster.state_dir} (1 ZooKeeper, no node)")
-        info = cluster.up(migrate=True, nodes=0)
-        came_up = True
-        info_json["started"] = True
-        info_json["pids"] = sorted(
-            pid
-            for pid in [info.postgres.pid, info.supervisor_pid, *(s.pid for s in info.zk_servers)]
-            if pid
-        )
+    with benchkit.embedded_cluster(state_dir, keep) as (info, info_json):
         yield (
             Server(superuser_url=info.database_url, consumer_url=info.consumer_database_url),
             info_json,
         )
-    finally:
-        info_json["stopped"] = False
-        if came_up and not keep:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second TERM must not cut cleanup
-            _progress("stopping the embedded cluster")
-            cluster.down()
-            info_json["stopped"] = True
-        elif came_up:
-            _progress(f"left running: allocator local down --state-dir {cluster.state_dir}")
 
 
 def _table(document: dict[str, Any], results: list[Result]) -> Iterator[str]:
@@ -302,11 +275,3 @@ def _ceiling(results: list[Result], clients: int, nextval_target: float) -> Iter
 
 def _mark(text: str, met: bool) -> str:
     return f"{text} ({'met' if met else 'MISSED'})"
-
-
-def _progress(message: str) -> None:
-    click.echo(f"[bench {time.strftime('%H:%M:%S')}] {message}", err=True)
-
-
-def _timestamp() -> str:
-    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -45,9 +45,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any, Final
 
 import click
@@ -56,8 +54,8 @@ import psycopg
 from allocator import client as client_mod
 from allocator import db
 from allocator.client import Block, IdClient, PostgresClaimer
+from allocator.commands import benchkit
 from allocator.errors import AllocatorError, DatabaseUnavailableError
-from allocator.local.cluster import LocalCluster
 
 DEFAULT_STATE_DIR = Path(".run/bench")
 DEFAULT_POOL_BLOCKS = 16_384
@@ -169,10 +167,6 @@ class _RecordingClaimer:
         self._inner.close()
 
 
-def _on_sigterm(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 @bench.command("client")
 @click.option(
     "--database-url",
@@ -258,8 +252,8 @@ def client(
     if max_batch_blocks < batch_blocks:
         raise click.BadParameter("must be >= --batch-blocks", param_hint="--max-batch-blocks")
     batch = (batch_blocks, max_batch_blocks)
-    out = json_out or state_dir / f"bench-client-{_timestamp()}.json"
-    signal.signal(signal.SIGTERM, _on_sigterm)
+    out = json_out or state_dir / f"bench-client-{benchkit.timestamp()}.json"
+    signal.signal(signal.SIGTERM, benchkit.on_sigterm)
     try:
         with _database(database_url, state_dir, pool_blocks, keep) as (url, cluster_json):
             _wait_for_pool(url, pool_blocks)
@@ -270,7 +264,7 @@ def client(
             latency, block_sizes = _latency(url, seconds, batch, refill_at)
             load_after = os.getloadavg()
     except KeyboardInterrupt:
-        _progress("interrupted")
+        benchkit.progress("interrupted")
         raise click.Abort from None
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
@@ -300,7 +294,7 @@ def client(
         for line in _table(document, results, latency):
             click.echo(line)
         click.echo(f"JSON written to {out}")
-    _progress(f"JSON written to {out}")
+    benchkit.progress(f"JSON written to {out}")
 
 
 def _parse_threads(text: str) -> list[int]:
@@ -319,47 +313,18 @@ def _parse_threads(text: str) -> list[int]:
 def _database(
     url: str | None, state_dir: Path, pool_blocks: int, keep: bool
 ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The consumer URL to claim with; brings up (and later stops) the embedded cluster."""
+    """The consumer URL to claim with: ``url``, or the embedded cluster's (one node, whose
+    ``pool.min_blocks`` is ``pool_blocks``)."""
     if url:
-        yield url, {"state_dir": None, "started": False, "stopped": False}
+        yield url, dict(benchkit.NOT_EMBEDDED)
         return
-    cluster = LocalCluster(
-        state_dir,
-        zk_servers=1,
-        nodes=1,
-        node_env={"ALLOCATOR_POOL_MIN_BLOCKS": str(pool_blocks)},
-    )
-    info_json: dict[str, Any] = {"state_dir": str(cluster.state_dir), "started": False}
-    came_up = False
-    try:
-        _progress(f"starting the embedded cluster in {cluster.state_dir} (1 ZooKeeper, 1 node)")
-        info = cluster.up(migrate=True, nodes=1)
-        came_up = True
-        info_json["started"] = True
-        info_json["pids"] = sorted(
-            pid
-            for pid in [
-                info.postgres.pid,
-                info.supervisor_pid,
-                *(s.pid for s in info.zk_servers),
-                *(n.pid for n in info.nodes),
-            ]
-            if pid
-        )
-        yield info.consumer_database_url, info_json
-    finally:
-        info_json["stopped"] = False
-        if came_up and not keep:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second TERM must not cut cleanup
-            _progress("stopping the embedded cluster")
-            cluster.down()
-            info_json["stopped"] = True
-        elif came_up:
-            _progress(f"left running: allocator local down --state-dir {cluster.state_dir}")
+    node_env = {"ALLOCATOR_POOL_MIN_BLOCKS": str(pool_blocks)}
+    with benchkit.embedded_cluster(state_dir, keep, nodes=1, node_env=node_env) as (info, data):
+        yield info.consumer_database_url, data
 
 
 def _wait_for_pool(url: str, blocks: int) -> None:
-    _progress(f"waiting for {blocks} blocks in the pool")
+    benchkit.progress(f"waiting for {blocks} blocks in the pool")
     deadline = time.monotonic() + POOL_WAIT_S
     level = -1
     while True:
@@ -369,7 +334,7 @@ def _wait_for_pool(url: str, blocks: int) -> None:
                     row = conn.execute(POOL_LEVEL).fetchone()
                     level = int(row[0]) if row else 0
                     if level >= blocks:
-                        _progress(f"pool holds {level} blocks")
+                        benchkit.progress(f"pool holds {level} blocks")
                         return
                     if time.monotonic() > deadline:
                         break
@@ -408,7 +373,7 @@ def _new_client(
 def _throughput(
     url: str, threads: int, seconds: float, batch: tuple[int, int], refill_at: float
 ) -> ThroughputResult:
-    _progress(f"throughput: {threads} thread(s) for {seconds:g} s")
+    benchkit.progress(f"throughput: {threads} thread(s) for {seconds:g} s")
     id_client, claimer = _new_client(url, batch, refill_at)
     counts = [0] * threads
     spans = [(0, 0)] * threads
@@ -548,9 +513,9 @@ def _no_op() -> int:
 def _latency(
     url: str, seconds: float, batch: tuple[int, int], refill_at: float
 ) -> tuple[LatencyResult, set[int]]:
-    _progress(f"noise floor: a no-op timed the same way for {seconds:g} s")
+    benchkit.progress(f"noise floor: a no-op timed the same way for {seconds:g} s")
     floor = _time_calls(_no_op, seconds).summary()
-    _progress(f"latency: 1 thread, every next_id() timed, for {seconds:g} s")
+    benchkit.progress(f"latency: 1 thread, every next_id() timed, for {seconds:g} s")
     id_client, claimer = _new_client(url, batch, refill_at)
     samples = _time_calls(id_client.next_id, seconds, claimer.block_starts, claimer.segment_starts)
     stats = id_client.get_stats()
@@ -652,11 +617,3 @@ def _table(
         f"p99.9 {floor['p999_ns']:,} ns   max {floor['max_ns']:,} ns   "
         f"calls over 1 ms: {floor['over_1ms']}"
     )
-
-
-def _progress(message: str) -> None:
-    click.echo(f"[bench {time.strftime('%H:%M:%S')}] {message}", err=True)
-
-
-def _timestamp() -> str:
-    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

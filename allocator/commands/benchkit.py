@@ -1,0 +1,76 @@
+"""What both ``allocator bench`` commands share: the embedded cluster they bring up and stop,
+progress lines, SIGTERM as an interrupt, and the timestamp in their JSON file names.
+
+Rules: the embedded cluster is started here and stopped here (by pid, through
+:meth:`LocalCluster.down`) unless ``keep``; a second SIGTERM during that cleanup is
+ignored. The JSON's ``cluster`` object says whether it was started and stopped, and lists
+the pids the cluster ran. Progress goes to stderr, results to stdout.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import click
+
+from allocator.local.cluster import ClusterInfo, LocalCluster
+
+NOT_EMBEDDED: dict[str, Any] = {"state_dir": None, "started": False, "stopped": False}
+"""The ``cluster`` object of a run against a given database URL."""
+
+
+def on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """A SIGTERM handler: stop the run like Ctrl-C (cleanup still runs)."""
+    raise KeyboardInterrupt
+
+
+def progress(message: str) -> None:
+    click.echo(f"[bench {time.strftime('%H:%M:%S')}] {message}", err=True)
+
+
+def timestamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+@contextmanager
+def embedded_cluster(
+    state_dir: Path, keep: bool, *, nodes: int = 0, node_env: Mapping[str, str] | None = None
+) -> Iterator[tuple[ClusterInfo, dict[str, Any]]]:
+    """One ZooKeeper server, PostgreSQL (migrated) and ``nodes`` nodes in ``state_dir``;
+    yields the cluster's info and the JSON describing it (completed as it stops)."""
+    cluster = LocalCluster(state_dir, zk_servers=1, nodes=nodes, node_env=node_env)
+    info_json: dict[str, Any] = {"state_dir": str(cluster.state_dir), "started": False}
+    came_up = False
+    try:
+        what = f"{nodes} node" + ("" if nodes == 1 else "s") if nodes else "no node"
+        progress(f"starting the embedded cluster in {cluster.state_dir} (1 ZooKeeper, {what})")
+        info = cluster.up(migrate=True, nodes=nodes)
+        came_up = True
+        info_json["started"] = True
+        info_json["pids"] = sorted(
+            pid
+            for pid in [
+                info.postgres.pid,
+                info.supervisor_pid,
+                *(s.pid for s in info.zk_servers),
+                *(n.pid for n in info.nodes),
+            ]
+            if pid
+        )
+        yield info, info_json
+    finally:
+        info_json["stopped"] = False
+        if came_up and not keep:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second TERM must not cut cleanup
+            progress("stopping the embedded cluster")
+            cluster.down()
+            info_json["stopped"] = True
+        elif came_up:
+            progress(f"left running: allocator local down --state-dir {cluster.state_dir}")
