@@ -756,8 +756,10 @@ class LocalCluster:
             supervising = False
         state.nodes = wanted
         # The nodes' chroot exists whatever the count, so node_zk_hosts works for nodes
-        # started by hand (``allocator run``) next to a cluster brought up with none.
-        zookeeper.ensure_path(_zk_hosts(state), nodes_mod.DEFAULT_CHROOT, self._start_timeout_s)
+        # started by hand (``allocator run``) next to a cluster brought up with none. A
+        # running supervisor's nodes made it already.
+        if not supervising:
+            zookeeper.ensure_path(_zk_hosts(state), nodes_mod.DEFAULT_CHROOT, self._start_timeout_s)
         if not wanted:
             self._save(state)
             return
