@@ -97,6 +97,14 @@ def test_ids_come_only_from_blocks_claimed_for_the_consumer(db_url: str, app_url
     assert set(ids) | unused == ledger["orders"]
 
 
+def assert_ends_in_al003(error: BaseException) -> None:
+    """The chain under a client's PoolEmptyError ends in the database's own AL003."""
+    cause = error.__cause__
+    assert isinstance(cause, PoolEmptyError)
+    assert isinstance(cause.__cause__, psycopg.Error)
+    assert cause.__cause__.sqlstate == "AL003"
+
+
 def test_an_exhausted_pool_raises_pool_empty_error(db_url: str, app_url: str) -> None:
     stock(db_url, count=2, size=8)
     client = IdClient(app_url, "orders", wait_timeout_s=0.3, backoff_max_s=0.05)
@@ -104,11 +112,7 @@ def test_an_exhausted_pool_raises_pool_empty_error(db_url: str, app_url: str) ->
         assert len(set(client.take(16))) == 16
         with pytest.raises(PoolEmptyError, match="the pool is empty") as caught:
             client.next_id()
-        # The chain ends in the database's own AL003.
-        cause = caught.value.__cause__
-        assert isinstance(cause, PoolEmptyError)
-        assert isinstance(cause.__cause__, psycopg.Error)
-        assert cause.__cause__.sqlstate == "AL003"
+        assert_ends_in_al003(caught.value)
         # Refilled, the same client carries on. (A retry that draws its ticket while the cut
         # commits strands one block until a node's requeue_stranded: hence two blocks.)
         stock(db_url, count=2, size=8, first=FIRST + 1024)
@@ -387,10 +391,7 @@ def test_a_begun_claim_on_an_empty_pool_raises_pool_empty_error(db_url: str, app
         assert len(set(client.take(16))) == 16
         with pytest.raises(PoolEmptyError, match="the pool is empty") as caught:
             client.next_id()
-        cause = caught.value.__cause__
-        assert isinstance(cause, PoolEmptyError)
-        assert isinstance(cause.__cause__, psycopg.Error)
-        assert cause.__cause__.sqlstate == "AL003"
+        assert_ends_in_al003(caught.value)
         stats = client.get_stats()
         assert stats["claims_begun"] == 2  # block 2, then the claim that found none
         assert stats["pool_empty_answers"] >= 1
