@@ -8,12 +8,26 @@ Rules:
   the caller records pid and argv (``cluster.json``, ``nodes.json``), and only that record
   is ever read.
 - A pid alone proves nothing, pids are recycled. Every check and every signal carries the
-  argv we started, compared with ``/proc/<pid>/cmdline``: a pid that now runs something else
-  is "not alive" and is never signalled. An empty argv or an empty cmdline (kernel threads,
-  a process already exiting) never matches. Where several processes share one argv (the
-  nodes), the record also carries the process start time (``/proc/<pid>/stat`` field 22,
-  clock ticks since boot), which a recycled pid cannot repeat. The check and the signal go
-  through one pidfd, so the process cannot be swapped in between.
+  argv we started; a pid that now runs something else is "not alive" and is never signalled.
+  An empty argv never matches. Where several processes share one argv (the nodes), the
+  record also carries the process start time (``/proc/<pid>/stat`` field 22, clock ticks
+  since boot, set at fork and kept across ``exec``), which a recycled pid cannot repeat. The
+  check and the signal go through one pidfd, so the process cannot be swapped in between.
+- Liveness is never judged from ``/proc/<pid>/cmdline`` alone, because it reads empty for a
+  short moment while a process is inside ``execve`` (the old image is gone, the new argv not
+  yet set up), and ``Popen`` returns as soon as the exec is past its point of no return, i.e.
+  possibly inside that moment. So:
+
+  - A child this process started (:func:`start`) and has not reaped cannot have had its pid
+    recycled: while ``Popen.poll()`` is None it is alive, and it is ours if the argv we
+    started it with (``Popen.args``) is the argv asked about. No cmdline is read.
+  - Any other pid (recorded by another ``allocator local`` process) is compared with
+    ``/proc/<pid>/cmdline``. Zombies and kernel threads (``PF_KTHREAD`` in
+    ``/proc/<pid>/stat`` field 9, "flags") never match, nor does an exiting process
+    (``PF_EXITING``) whose memory, and so its cmdline, is already gone. An empty cmdline of
+    any other process means an exec in progress: it is re-read for up to
+    :data:`EXEC_GRACE_S` before the process counts as "not ours". The reads go through
+    :func:`_read_cmdline`, the one place tests replace to fake such a moment.
 - Zombies count as dead. Children of this process are reaped when checked: their ``Popen``
   objects live in a registry until they exit, so none is garbage-collected while running.
   :func:`spawn` is the exception: its caller owns the ``Popen`` and reaps it (the node
@@ -49,6 +63,13 @@ from allocator.errors import LocalClusterError, ServerStartError
 log = logging.getLogger(__name__)
 
 POLL_INTERVAL_S = 0.02
+# How long an empty cmdline of a live user process is re-read before it counts as "not ours":
+# an exec takes well under a millisecond of CPU, this leaves room for a loaded machine.
+EXEC_GRACE_S = 0.2
+_EXEC_REREAD_S = 0.002
+# Bits of /proc/<pid>/stat field 9 ("flags"), include/linux/sched.h.
+_PF_EXITING = 0x00000004
+_PF_KTHREAD = 0x00200000
 TAIL_LINES = 20
 _TAIL_READ_BYTES = 64 * 1024
 
@@ -198,14 +219,21 @@ def run(
 def is_alive(pid: int | None, argv: Sequence[str], started: int | None = None) -> bool:
     """True if ``pid`` runs, is not a zombie, and still runs ``argv`` (non-empty).
 
-    With ``started`` (see :func:`start_time`), the process must also have started then.
+    With ``started`` (see :func:`start_time`), the process must also have started then. For
+    our own unreaped child the answer comes from its ``Popen``, not from ``/proc``: right
+    after ``Popen`` returns its cmdline may still read empty (see the module docstring).
     """
     if pid is None or pid <= 0 or not argv:
         return False
     proc = _children.get(pid)
-    if proc is not None and proc.poll() is not None:
-        del _children[pid]
-        return False
+    if proc is not None:
+        if proc.poll() is not None:
+            del _children[pid]
+            return False
+        # Our unreaped child keeps its pid; Popen.args is the argv tuple _popen passed.
+        if proc.args != tuple(argv):
+            return False
+        return started is None or start_time(pid) == started
     found = _read_proc(pid)
     if found is None or found[0] != tuple(argv):
         return False
@@ -216,31 +244,37 @@ def is_pid_alive(pid: int | None) -> bool:
     """True if some process that is not a zombie has ``pid``, whatever it runs.
 
     For "is it gone?" checks only; never decide on a signal with it (use :func:`is_alive`).
-    A kernel thread (empty cmdline) does not count: it cannot be a process we started.
+    A kernel thread does not count: it cannot be a process we started.
     """
     if pid is None or pid <= 0:
         return False
     proc = _children.get(pid)
-    if proc is not None and proc.poll() is not None:
-        del _children[pid]
-        return False
+    if proc is not None:
+        if proc.poll() is not None:
+            del _children[pid]
+            return False
+        return True  # our unreaped child, maybe still inside execve
     return _read_proc(pid) is not None
 
 
 def start_time(pid: int) -> int | None:
     """When ``pid`` started, in clock ticks since boot; None if it is gone (or a zombie)."""
     stat = _read_stat(pid)
-    return None if stat is None or stat[0] in ("Z", "X") else stat[1]
+    return None if stat is None or stat.state in ("Z", "X") else stat.started
 
 
 def is_paused(pid: int | None) -> bool:
     """True if ``pid`` is stopped by a signal (SIGSTOP, SIGTSTP: state ``T``)."""
     stat = None if pid is None or pid <= 0 else _read_stat(pid)
-    return stat is not None and stat[0] == "T"
+    return stat is not None and stat.state == "T"
 
 
 def cmdline(pid: int) -> tuple[str, ...] | None:
-    """argv of ``pid`` as ``/proc`` shows it; None if gone, a zombie or a kernel thread."""
+    """argv of ``pid`` as ``/proc`` shows it; None if gone, a zombie or a kernel thread.
+
+    Right after a start the argv may not be set up yet: this waits for it (up to
+    :data:`EXEC_GRACE_S`) rather than answer None for a process that is running.
+    """
     found = _read_proc(pid)
     return None if found is None else found[0]
 
@@ -333,29 +367,81 @@ def tail(log_path: Path, n: int = TAIL_LINES, offset: int = 0) -> str:
     return "\n".join(lines[-n:])
 
 
-def _read_stat(pid: int) -> tuple[str, int] | None:
-    """(state, start time) of ``pid``, from fields 3 and 22 of ``/proc/<pid>/stat``."""
+@dataclass(frozen=True)
+class _Stat:
+    """The fields of ``/proc/<pid>/stat`` this module reads."""
+
+    state: str  # field 3
+    flags: int  # field 9, PF_* bits
+    started: int  # field 22, clock ticks since boot
+
+    @property
+    def is_zombie(self) -> bool:
+        """Exited, not reaped yet (or being reaped): dead, whatever it ran."""
+        return self.state in ("Z", "X")
+
+    @property
+    def is_kernel_thread(self) -> bool:
+        """Never started by us; its cmdline is always empty, so never worth re-reading."""
+        return bool(self.flags & _PF_KTHREAD)
+
+    @property
+    def is_exiting(self) -> bool:
+        """In ``do_exit``: once its memory is released, its cmdline stays empty for good."""
+        return bool(self.flags & _PF_EXITING)
+
+
+def _read_stat(pid: int) -> _Stat | None:
+    """Fields 3, 9 and 22 of ``/proc/<pid>/stat``; None if the process is gone (reaped)."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
     fields = stat.rpartition(")")[2].split()  # the name in parentheses may hold spaces
-    return fields[0], int(fields[19])
+    return _Stat(fields[0], int(fields[6]), int(fields[19]))
+
+
+def _read_cmdline(pid: int) -> bytes | None:
+    """Raw ``/proc/<pid>/cmdline`` (NUL-separated); None if the process is gone.
+
+    The single place the cmdline is read, so that a test can replace it (monkeypatch) and
+    show what an exec in progress (an empty read) does to the callers.
+    """
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
 
 
 def _read_proc(pid: int) -> tuple[tuple[str, ...], int] | None:
-    """(argv, start time) of ``pid``; None if it is gone, a zombie, or has no cmdline."""
-    stat = _read_stat(pid)
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return None
-    if stat is None or stat[0] in ("Z", "X") or not raw:
-        return None
+    """(argv, start time) of ``pid``; None if gone, a zombie or a kernel thread.
+
+    An empty cmdline of a process that is not exiting is an exec in progress (the new argv is
+    not set up yet): read again for up to :data:`EXEC_GRACE_S`, then give up (None). An
+    exiting process's cmdline never comes back, so it is not waited for. The stat is read
+    after the cmdline too, so a pid recycled between the two reads is never paired with the
+    other process's start time.
+    """
+    deadline = time.monotonic() + EXEC_GRACE_S
+    while True:
+        before = _read_stat(pid)
+        if before is None or before.is_zombie or before.is_kernel_thread:
+            return None
+        raw = _read_cmdline(pid)
+        if raw is None:
+            return None
+        if raw:
+            after = _read_stat(pid)
+            if after is None or after.started != before.started:
+                return None
+            break
+        if before.is_exiting or time.monotonic() >= deadline:
+            return None
+        time.sleep(_EXEC_REREAD_S)
     parts = raw.split(b"\0")
     if parts and parts[-1] == b"":
         parts.pop()
-    return tuple(os.fsdecode(part) for part in parts), stat[1]
+    return tuple(os.fsdecode(part) for part in parts), before.started
 
 
 def _pidfd_open(pid: int) -> int | None:
