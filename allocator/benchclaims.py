@@ -35,6 +35,7 @@ Rules:
 from __future__ import annotations
 
 import importlib.resources
+import json
 import logging
 import math
 import os
@@ -56,6 +57,7 @@ from psycopg import sql
 
 from allocator import migrate
 from allocator.errors import AllocatorError, PrerequisiteError
+from allocator.layout import Layout
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +70,9 @@ ONCE_METHODS: Final = ("nextval", REFERENCE)
 """Methods that take no batch: run once, at batch 1."""
 BLOCK_SIZE_IDS = 4096
 EPOCH = 1
+BENCH_LAYOUT = Layout()
+LAYOUT_JSON = json.dumps(BENCH_LAYOUT.record(0))
+"""The default layout, datacenter 0: what ``cut_blocks`` records and checks (migration 0003)."""
 CUT_BATCH_BLOCKS = 50_000
 TEMPLATE_DB = "bench_claims_template"
 RUN_DB = "bench_claims_run"
@@ -261,15 +266,18 @@ def build_template(server: Server, blocks: int, progress: Callable[[str], None])
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(script("setup.sql"))
         conn.execute(
-            "SELECT * FROM allocator.take_fence(%s, 'bench', 'localhost', %s)",
-            (EPOCH, os.getpid()),
+            "SELECT * FROM allocator.take_fence(0, %s, 'bench', 'localhost', %s, %s)",
+            (EPOCH, os.getpid(), LAYOUT_JSON),
         )
         progress(f"cutting {blocks:,} blocks of {BLOCK_SIZE_IDS} IDs (cut_blocks)")
         for start in range(0, blocks, CUT_BATCH_BLOCKS):
             count = min(CUT_BATCH_BLOCKS, blocks - start)
-            firsts = [(start + k) * BLOCK_SIZE_IDS for k in range(count)]
+            firsts = [_block_first_id(start + k) for k in range(count)]
             lasts = [first + BLOCK_SIZE_IDS - 1 for first in firsts]
-            conn.execute("SELECT * FROM allocator.cut_blocks(%s, %s, %s)", (EPOCH, firsts, lasts))
+            conn.execute(
+                "SELECT * FROM allocator.cut_blocks(0, %s, %s, %s, %s, 1000)",
+                (EPOCH, firsts, lasts, LAYOUT_JSON),
+            )
         conn.execute(script("stock_queue.sql"), {"blocks": blocks, "block_size": BLOCK_SIZE_IDS})
         progress("VACUUM ANALYZE of the template")
         conn.execute("VACUUM ANALYZE")
@@ -512,7 +520,7 @@ def take_prior_claims(
         requeue_ms = []
         for _ in range(2):
             t0 = time.monotonic()
-            conn.execute("SELECT allocator.requeue_stranded(%s)", (EPOCH,))
+            conn.execute("SELECT allocator.requeue_stranded(0, %s)", (EPOCH,))
             requeue_ms.append(round((time.monotonic() - t0) * 1000, 1))
         stats = _table_stats(conn, "claim_blocks")
     return {
@@ -605,3 +613,14 @@ def run_plan(
         drop_database(server, TEMPLATE_DB)
     add_ratios(results)
     return results, template
+
+
+def _block_first_id(index: int) -> int:
+    """First ID of the ``index``-th stocked block: lanes filled in turn, from the layout's
+    epoch on (far in the past, so the database's clock bound never applies)."""
+    positions = 1 << BENCH_LAYOUT.sequence_bits
+    per_lane = positions // BLOCK_SIZE_IDS
+    per_ms = per_lane << BENCH_LAYOUT.lane_bits
+    ms, rest = divmod(index, per_ms)
+    lane, slot = divmod(rest, per_lane)
+    return BENCH_LAYOUT.encode(BENCH_LAYOUT.epoch_ms + ms, 0, lane, slot * BLOCK_SIZE_IDS)

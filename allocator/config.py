@@ -209,6 +209,12 @@ class PostgresConfig(_Section):
     statement_timeout_ms: Int = Field(default=5000, gt=0)
     idle_in_transaction_timeout_ms: Int = Field(default=5000, gt=0)
     connect_timeout_s: Float = Field(default=5.0, gt=0)
+    tcp_user_timeout_ms: Int = Field(default=5000, ge=0)
+    """libpq ``tcp_user_timeout``: how long sent data may stay unacknowledged before the
+    connection is dropped (a black-holed path); 0 leaves the system default."""
+    keepalives_idle_s: Int = Field(default=2, ge=1)
+    keepalives_interval_s: Int = Field(default=1, ge=1)
+    keepalives_count: Int = Field(default=3, ge=1)
 
     @field_validator("url")
     @classmethod
@@ -266,8 +272,27 @@ class PoolConfig(_Section):
     low_watermark_blocks: Int = Field(default=16, ge=0)
     refill_interval_s: Float = Field(default=1.0, gt=0)
     max_clock_behind_ms: Int = Field(default=1000, ge=0)
+    max_clock_ahead_ms: Int = Field(default=1000, ge=1, le=600_000)
+    """No block is cut past the database clock plus this (or plus the lead the mark already
+    had), enforced by ``cut_blocks`` in the database."""
+    max_clock_skew_ms: Int = Field(default=500, ge=1)
+    """A node whose clock differs from the database server's by more refuses to cut."""
     retention_s: Float = Field(default=86_400.0, gt=0)
     sample_interval_s: Float = Field(default=5.0, gt=0)
+
+
+class LeaderConfig(_Section):
+    """``[leader]``: when a leader that cannot do its job hands over."""
+
+    db_unreachable_s: Float = Field(default=15.0, gt=0)
+    """A leader whose database writes have all failed for this long hands over to a
+    contender that reaches the database (and keeps leading if none does)."""
+    clock_skew_handover_s: Float = Field(default=10.0, gt=0)
+    """A leader whose clock has disagreed with the database's for this long hands over to a
+    contender whose clock agrees (and keeps leading, cutting nothing, if none does)."""
+    probe_interval_s: Float = Field(default=1.0, gt=0, le=60)
+    """How often every node checks that it reaches the database and that its clock agrees,
+    and publishes both in its election znode."""
 
 
 SECTIONS: dict[str, type[_Section]] = {
@@ -277,6 +302,7 @@ SECTIONS: dict[str, type[_Section]] = {
     "postgres": PostgresConfig,
     "node": NodeConfig,
     "pool": PoolConfig,
+    "leader": LeaderConfig,
 }
 KEYS: tuple[str, ...] = tuple(
     f"{section}.{key}" for section, model in SECTIONS.items() for key in model.model_fields
@@ -329,6 +355,9 @@ def _cross_check(
         if pool.max_blocks < pool.min_blocks:
             message = f"must be >= pool.min_blocks ({pool.min_blocks})"
             problems.append(("pool.max_blocks", message, pool.max_blocks))
+        if pool.max_clock_skew_ms >= pool.max_clock_ahead_ms:
+            message = f"must be < pool.max_clock_ahead_ms ({pool.max_clock_ahead_ms})"
+            problems.append(("pool.max_clock_skew_ms", message, pool.max_clock_skew_ms))
         if pool.low_watermark_blocks >= pool.min_blocks:
             message = f"must be < pool.min_blocks ({pool.min_blocks})"
             problems.append(("pool.low_watermark_blocks", message, pool.low_watermark_blocks))
@@ -358,6 +387,7 @@ class Config(BaseSettings):
     postgres: PostgresConfig = Field(default_factory=PostgresConfig)
     node: NodeConfig = Field(default_factory=NodeConfig)
     pool: PoolConfig = Field(default_factory=PoolConfig)
+    leader: LeaderConfig = Field(default_factory=LeaderConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:

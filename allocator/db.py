@@ -24,10 +24,17 @@ Rules:
   retryably (and its retry is then rejected as fenced) instead of waiting. A takeover, in
   turn, must wait for a write already in flight, so ``take_fence`` waits up to
   ``takeover_lock_timeout_ms`` (default: the statement timeout).
+- Every connection sets TCP keepalives and ``tcp_user_timeout`` (:func:`connection_kwargs`):
+  on a path that silently drops packets no call hangs past those bounds.
+- Fenced writes carry the whole token ``(generation, epoch)`` (:mod:`allocator.fence`),
+  block writes and takeovers also the node's layout (checked against the recorded one) and
+  ``max_clock_ahead_ms`` (the database refuses blocks past its own clock plus that, or plus
+  the lead the mark already had: see migration 0003).
 - Errors are translated here, keeping ``__cause__``: SQLSTATE AL100 → :class:`FencedError`,
   AL101 → :class:`StaleTakeoverError`, AL102 → :class:`BehindHighWaterError`, AL103 →
-  :class:`InvalidBatchError` (a bug); connection failures, pool timeouts, lock and statement
-  timeouts, server shutdowns, deadlocks and serialization failures →
+  :class:`InvalidBatchError` (a bug), AL104 → :class:`LayoutMismatchError`, AL105 →
+  :class:`ClockAheadError`, AL106 → :class:`InvalidRequestError`; connection failures, pool
+  timeouts, lock and statement timeouts, server shutdowns, deadlocks and serialization failures →
   :class:`DatabaseUnavailableError` (retryable; after a write the outcome is unknown, since
   the commit may have happened: re-read the high-water mark); anything else →
   :class:`DatabaseError`.
@@ -37,6 +44,7 @@ Rules:
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -56,13 +64,18 @@ from allocator.config import PostgresConfig
 from allocator.errors import (
     AllocatorError,
     BehindHighWaterError,
+    ClockAheadError,
     DatabaseError,
     DatabaseUnavailableError,
     FencedError,
     InvalidBatchError,
+    InvalidRequestError,
+    LayoutMismatchError,
     StaleTakeoverError,
     WriteAbandonedError,
 )
+from allocator.fence import Token
+from allocator.layout import Layout
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +87,7 @@ STATUS_CONNECT_TIMEOUT_S = 5.0
 STATUS_STATEMENT_TIMEOUT_MS = 5000
 STATUS_HISTORY_LIMIT = 10
 MAX_BIGINT = (1 << 63) - 1
+DEFAULT_MAX_CLOCK_AHEAD_MS = 1000
 
 _T = TypeVar("_T")
 
@@ -82,6 +96,9 @@ _BY_SQLSTATE: Mapping[str, type[AllocatorError]] = {
     StaleTakeoverError.sqlstate: StaleTakeoverError,
     BehindHighWaterError.sqlstate: BehindHighWaterError,
     InvalidBatchError.sqlstate: InvalidBatchError,
+    LayoutMismatchError.sqlstate: LayoutMismatchError,
+    ClockAheadError.sqlstate: ClockAheadError,
+    InvalidRequestError.sqlstate: InvalidRequestError,
 }
 # Retryable server answers, and what they mean for whoever reads the log line.
 _UNAVAILABLE: Mapping[str, str] = {
@@ -101,10 +118,11 @@ _SCHEMA_MISSING = frozenset({"3F000", "42P01", "42883"})
 
 @dataclass(frozen=True, slots=True)
 class Takeover:
-    """What a successful ``take_fence`` found: the persisted mark and the epoch it replaced."""
+    """What a successful ``take_fence`` found: the persisted mark and the token it replaced."""
 
     high_water_id: int
     """The last ID ever cut (inclusive); -1 before the first cut."""
+    previous_generation: int
     previous_epoch: int
 
 
@@ -116,6 +134,8 @@ class CutResult:
     """The new high-water mark: the batch's last ID."""
     last_ticket: int
     """The claim ticket of the batch's last block."""
+    lead_ms: int = 0
+    """How far the new mark lies ahead of the database clock (0 when not ahead)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +153,13 @@ class PoolStatus:
     claim_position: int
     epoch: int
     holder: str | None
+    generation: int = 0
+    mark_ahead_ms: int | None = None
+    """The mark's millisecond minus the database clock now (> 0: the mark is in the future);
+    None before the layout is recorded."""
+    mark_lead_ms: int | None = None
+    """The mark's lead over the database clock at the cut that set it: the allowance the next
+    cut may keep (``cut_blocks``' clock rule)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,14 +173,44 @@ class Term:
     elected_at: datetime
     ended_at: datetime | None
     end_reason: str | None
+    generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class FenceState:
-    """Who holds the fence: epoch 0 and no holder before the first takeover."""
+    """Who holds the fence: token (0, 0) and no holder before the first takeover."""
 
     epoch: int
     holder: str | None
+    generation: int = 0
+
+    @property
+    def token(self) -> Token:
+        return Token(self.generation, self.epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class ClockReading:
+    """The database clock against the node's, from one round trip."""
+
+    offset_ms: float
+    """Database clock minus the node's clock at the middle of the round trip."""
+    uncertainty_ms: float
+    """Half the round trip: the true offset lies within ``offset_ms`` ± this."""
+    db_ms: int
+
+    def disagrees(self, bound_ms: int) -> bool:
+        """True if the clocks differ by more than ``bound_ms`` even at the best reading."""
+        return abs(self.offset_ms) - self.uncertainty_ms > bound_ms
+
+
+@dataclass(frozen=True, slots=True)
+class Rebase:
+    """What ``allocator.rebase_fence`` did."""
+
+    old_generation: int
+    old_epoch: int
+    new_generation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,6 +282,9 @@ class NodeDatabase:
         node_name: str,
         lock_timeout_ms: int = LOCK_TIMEOUT_MS,
         takeover_lock_timeout_ms: int | None = None,
+        layout: Layout | None = None,
+        datacenter_id: int = 0,
+        max_clock_ahead_ms: int = DEFAULT_MAX_CLOCK_AHEAD_MS,
     ) -> None:
         if lock_timeout_ms <= 0:
             raise ValueError(f"lock_timeout_ms must be > 0 (got {lock_timeout_ms})")
@@ -237,6 +297,8 @@ class NodeDatabase:
         self._application_name = APPLICATION_NAME_PREFIX + node_name
         self._lock_timeout_ms = lock_timeout_ms
         self._takeover_lock_timeout_ms = takeover_lock_timeout_ms or config.statement_timeout_ms
+        self._layout_json = json.dumps((layout or Layout()).record(datacenter_id), sort_keys=True)
+        self._max_clock_ahead_ms = max_clock_ahead_ms
         self._pool: ConnectionPool[psycopg.Connection[TupleRow]] | None = None
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -258,10 +320,7 @@ class NodeDatabase:
         timeout = self._config.connect_timeout_s if timeout is None else timeout
         pool: ConnectionPool[psycopg.Connection[TupleRow]] = ConnectionPool(
             self._config.url.get_secret_value(),
-            kwargs={
-                "autocommit": True,
-                "connect_timeout": max(2, math.ceil(self._config.connect_timeout_s)),
-            },
+            kwargs={"autocommit": True, **connection_kwargs(self._config)},
             min_size=self._config.pool_min_size,
             max_size=self._config.pool_max_size,
             open=False,
@@ -363,14 +422,22 @@ class NodeDatabase:
 
     # -- the fence and block writes -------------------------------------------------------
 
-    def take_fence(self, epoch: int, holder: str, host: str, pid: int) -> Takeover:
-        """Move the fence to ``epoch`` (which must be newer) and record the term.
+    def take_fence(self, token: Token, holder: str, host: str, pid: int) -> Takeover:
+        """Move the fence to ``token`` (which must be newer) and record the term.
 
         Waits for a fenced write in flight (up to the takeover lock timeout). Raises
-        :class:`StaleTakeoverError` when the fence already holds ``epoch`` or a newer one.
+        :class:`StaleTakeoverError` when the fence already holds ``token`` or a newer one,
+        :class:`LayoutMismatchError` when the database recorded another layout.
         """
         what = "take the fence"
-        params = {"epoch": epoch, "holder": holder, "host": host, "pid": pid}
+        params = {
+            "generation": token.generation,
+            "epoch": token.epoch,
+            "holder": holder,
+            "host": host,
+            "pid": pid,
+            "layout": self._layout_json,
+        }
         with (
             self._connection(what) as conn,
             conn.transaction(),
@@ -386,45 +453,56 @@ class NodeDatabase:
 
     def cut_blocks(
         self,
-        epoch: int,
+        token: Token,
         ranges: Sequence[tuple[int, int]],
         commit_if: CommitCheck | None = None,
     ) -> CutResult:
         """Write a batch of blocks ``[(first_id, last_id), …]`` (ascending) in one statement.
 
-        Raises :class:`FencedError` (``epoch`` no longer holds the fence),
+        Raises :class:`FencedError` (``token`` no longer holds the fence),
         :class:`BehindHighWaterError` (the first block is not after the mark),
-        :class:`InvalidBatchError` (empty, unordered, overlapping or malformed batch).
+        :class:`InvalidBatchError` (empty, unordered, overlapping or malformed batch),
+        :class:`LayoutMismatchError` (another layout or datacenter),
+        :class:`ClockAheadError` (past the database clock plus the allowed lead).
         """
         firsts, lasts = _check_ids(ranges)
-        params = {"epoch": epoch, "first_ids": firsts, "last_ids": lasts}
+        params = {
+            "generation": token.generation,
+            "epoch": token.epoch,
+            "first_ids": firsts,
+            "last_ids": lasts,
+            "layout": self._layout_json,
+            "max_ahead_ms": self._max_clock_ahead_ms,
+        }
         return self._row("cut blocks", sql.CUT_BLOCKS, params, CutResult, commit_if)
 
-    def requeue_stranded(self, epoch: int, commit_if: CommitCheck | None = None) -> int:
+    def requeue_stranded(self, token: Token, commit_if: CommitCheck | None = None) -> int:
         """Give stranded unclaimed blocks fresh tickets (fenced); how many moved."""
-        params = {"epoch": epoch}
+        params = {"generation": token.generation, "epoch": token.epoch}
         return int(self._scalar("requeue stranded blocks", sql.REQUEUE_STRANDED, params, commit_if))
 
     def prune_claimed(
         self,
-        epoch: int,
-        claimed_before: datetime,
+        token: Token,
+        retention_s: float,
         limit: int,
         commit_if: CommitCheck | None = None,
     ) -> int:
-        """Delete at most ``limit`` blocks claimed before ``claimed_before`` (fenced); how many.
-
-        ``claimed_before`` must carry a time zone (a naive one would be read in the
-        session's zone).
-        """
-        if claimed_before.tzinfo is None or claimed_before.utcoffset() is None:
-            raise ValueError("claimed_before must be timezone-aware")
-        params = {"epoch": epoch, "claimed_before": claimed_before, "limit": limit}
+        """Delete at most ``limit`` blocks claimed more than ``retention_s`` ago by the
+        database clock (fenced); how many."""
+        if retention_s < 0:
+            raise ValueError(f"retention_s must be >= 0 (got {retention_s})")
+        params = {
+            "generation": token.generation,
+            "epoch": token.epoch,
+            "retention_ms": round(retention_s * 1000),
+            "limit": limit,
+        }
         return int(self._scalar("prune claimed blocks", sql.PRUNE_CLAIMED, params, commit_if))
 
-    def end_term(self, epoch: int, reason: str) -> bool:
-        """Mark the term of ``epoch`` ended; False when it was already ended or is unknown."""
-        params = {"epoch": epoch, "reason": reason}
+    def end_term(self, token: Token, reason: str) -> bool:
+        """Mark the term of ``token`` ended; False when it was already ended or is unknown."""
+        params = {"generation": token.generation, "epoch": token.epoch, "reason": reason}
         return bool(self._scalar("end the term", sql.END_TERM, params))
 
     def record_pool_sample(self) -> None:
@@ -450,7 +528,7 @@ class NodeDatabase:
             row = conn.execute(sql.FENCE_AND_HIGH_WATER).fetchone()
         if row is None:
             raise DatabaseError("read the fence: the database returned no row")
-        return FenceState(epoch=int(row[0]), holder=row[1])
+        return FenceState(epoch=int(row[0]), holder=row[1], generation=int(row[3]))
 
     def high_water_id(self) -> int:
         """The last ID ever cut (inclusive); -1 before the first cut."""
@@ -468,6 +546,53 @@ class NodeDatabase:
         """One round trip; raises :class:`DatabaseUnavailableError` when it fails."""
         with self._connection("ping the database") as conn:
             conn.execute(sql.PING)
+
+    def read_clock(self, now_ms: Callable[[], float]) -> ClockReading:
+        """The database clock against ``now_ms`` (the node's clock), from one round trip."""
+        with self._connection("read the database clock") as conn:
+            before = now_ms()
+            row = conn.execute(sql.DB_CLOCK).fetchone()
+            after = now_ms()
+        if row is None:
+            raise DatabaseError("read the database clock: the database returned no row")
+        db_ms = int(row[0])
+        return ClockReading(
+            offset_ms=db_ms - (before + after) / 2, uncertainty_ms=(after - before) / 2, db_ms=db_ms
+        )
+
+
+def connection_kwargs(config: PostgresConfig) -> dict[str, Any]:
+    """libpq parameters of every node connection: a bounded connect, and TCP keepalives plus
+    ``tcp_user_timeout`` so a call on a path that drops packets (rather than refusing them)
+    fails within a bound instead of hanging; ``statement_timeout`` cannot help there, the
+    server's cancel never arrives."""
+    return {
+        "connect_timeout": max(2, math.ceil(config.connect_timeout_s)),
+        "keepalives": 1,
+        "keepalives_idle": config.keepalives_idle_s,
+        "keepalives_interval": config.keepalives_interval_s,
+        "keepalives_count": config.keepalives_count,
+        "tcp_user_timeout": config.tcp_user_timeout_ms,
+    }
+
+
+def rebase_fence(
+    url: str, reason: str, *, connect_timeout_s: float = STATUS_CONNECT_TIMEOUT_S
+) -> Rebase:
+    """Run ``allocator.rebase_fence`` as whoever ``url`` logs in as (the operator role)."""
+    what = "re-base the fence"
+    with _translated(what):
+        conn = psycopg.connect(
+            url,
+            autocommit=True,
+            connect_timeout=max(2, math.ceil(connect_timeout_s)),
+            application_name=STATUS_APPLICATION_NAME,
+        )
+        with conn, conn.cursor(row_factory=class_row(Rebase)) as cursor:
+            row = cursor.execute(sql.REBASE_FENCE, {"reason": reason}).fetchone()
+    if row is None:
+        raise DatabaseError(f"{what}: the database returned no row")
+    return row
 
 
 def read_status(

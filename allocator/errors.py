@@ -119,6 +119,27 @@ class InvalidBatchError(AllocatorError):
     sqlstate = "AL103"
 
 
+class LayoutMismatchError(AllocatorError):
+    """AL104: the node's layout or datacenter differs from the one the database recorded."""
+
+    exit_code = 78  # EX_CONFIG: the node's [layout] / cluster.datacenter_id must be fixed
+    sqlstate = "AL104"
+
+
+class ClockAheadError(AllocatorError):
+    """AL105: a block lies past the database clock plus the allowed lead (the node's clock
+    runs ahead of the database server's)."""
+
+    exit_code = 75  # EX_TEMPFAIL
+    sqlstate = "AL105"
+
+
+class InvalidRequestError(UsageError):
+    """AL106: an operator command's arguments were refused (e.g. an empty reason)."""
+
+    sqlstate = "AL106"
+
+
 class ClockBehindError(AllocatorError):
     """The leader's clock is behind the high-water mark by more than the allowed bound.
 

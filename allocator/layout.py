@@ -102,6 +102,17 @@ class Layout:
     lane_bits: int = DEFAULT_LANE_BITS
     sequence_bits: int = DEFAULT_SEQUENCE_BITS
 
+    def record(self, datacenter_id: int) -> dict[str, int]:
+        """What the database records and checks on every takeover and cut (migration 0003)."""
+        return {
+            "epoch_ms": self.epoch_ms,
+            "timestamp_bits": self.timestamp_bits,
+            "datacenter_bits": self.datacenter_bits,
+            "lane_bits": self.lane_bits,
+            "sequence_bits": self.sequence_bits,
+            "datacenter_id": datacenter_id,
+        }
+
     def __post_init__(self) -> None:
         minimums = {"timestamp_bits": 1, "datacenter_bits": 0, "lane_bits": 0, "sequence_bits": 1}
         for name in ("epoch_ms", *minimums):

@@ -5,7 +5,8 @@ Rules:
 - SQL lives here and in ``migrations/sql`` only; :mod:`allocator.db` (and whoever else talks
   to PostgreSQL) addresses statements by these names and holds no SQL text.
 - Writes go through the schema's functions (``take_fence``, ``cut_blocks``,
-  ``requeue_stranded``, ``prune_claimed``, ``end_term``, ``record_pool_sample``), never
+  ``requeue_stranded``, ``prune_claimed``, ``end_term``, ``record_pool_sample``, and the
+  operator's ``rebase_fence``), never
   through table DML: the node role has no INSERT/UPDATE/DELETE on any table, and the block
   writes among those functions are fenced on the caller's exact epoch inside the statement.
 - Reads use the views (``pool_status``, ``leader_history``), the only relations the node
@@ -49,34 +50,56 @@ SET_LOCAL_STATEMENT_TIMEOUT: Final = (
 
 PING: Final = "SELECT 1"
 
+DB_CLOCK: Final = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS db_ms"
+"""The database server's clock in Unix milliseconds: the cluster's reference clock."""
+
 # -- the fence and block writes (node role) -----------------------------------------------
 
 TAKE_FENCE: Final = (
-    "SELECT high_water_id, previous_epoch"
-    " FROM allocator.take_fence(%(epoch)s, %(holder)s, %(host)s, %(pid)s)"
+    "SELECT high_water_id, previous_generation, previous_epoch"
+    " FROM allocator.take_fence(%(generation)s, %(epoch)s, %(holder)s, %(host)s, %(pid)s,"
+    " %(layout)s::jsonb)"
 )
-"""Takeover: moves the fence forward to ``epoch`` (AL101 when it is not newer), records the
-term, returns the persisted high-water mark and the epoch it replaced."""
+"""Takeover: checks the layout (AL104), moves the fence forward to the token (AL101 when it
+is not newer), records the term, returns the persisted mark and the token it replaced."""
 
 CUT_BLOCKS: Final = (
-    "SELECT high_water_id, last_ticket"
-    " FROM allocator.cut_blocks(%(epoch)s, %(first_ids)s::bigint[], %(last_ids)s::bigint[])"
+    "SELECT high_water_id, last_ticket, lead_ms"
+    " FROM allocator.cut_blocks(%(generation)s, %(epoch)s, %(first_ids)s::bigint[],"
+    " %(last_ids)s::bigint[], %(layout)s::jsonb, %(max_ahead_ms)s)"
 )
 """One fenced write for a whole batch of blocks (AL100 fenced, AL102 behind the mark, AL103
-malformed batch); returns the new high-water mark and the last ticket assigned."""
+malformed batch, AL104 other layout, AL105 past the database clock's bound); returns the new
+high-water mark, the last ticket assigned and the mark's lead over the database clock."""
 
-REQUEUE_STRANDED: Final = "SELECT allocator.requeue_stranded(%(epoch)s) AS requeued"
+REQUEUE_STRANDED: Final = "SELECT allocator.requeue_stranded(%(generation)s, %(epoch)s) AS requeued"
 """Fenced: gives stranded unclaimed blocks fresh tickets; returns how many moved."""
 
 PRUNE_CLAIMED: Final = (
-    "SELECT allocator.prune_claimed(%(epoch)s, %(claimed_before)s, %(limit)s) AS pruned"
+    "SELECT allocator.prune_claimed(%(generation)s, %(epoch)s, %(retention_ms)s, %(limit)s)"
+    " AS pruned"
 )
-"""Fenced retention (migration 0002): deletes at most ``limit`` blocks claimed before the
-cutoff, oldest claims first; never an unclaimed block. Returns how many went."""
+"""Fenced retention (migrations 0002, 0003): deletes at most ``limit`` blocks claimed more
+than ``retention_ms`` ago by the database clock, oldest claims first; never an unclaimed
+block. Returns how many went."""
 
-END_TERM: Final = "SELECT coalesce(allocator.end_term(%(epoch)s, %(reason)s), false) AS ended"
+END_TERM: Final = (
+    "SELECT coalesce(allocator.end_term(%(generation)s, %(epoch)s, %(reason)s), false) AS ended"
+)
 """Ends the caller's term in the leader history; false when that term was already ended or
 never started (not fenced: it only annotates history)."""
+
+REBASE_FENCE: Final = (
+    "SELECT old_generation, old_epoch, new_generation FROM allocator.rebase_fence(%(reason)s)"
+)
+"""Operator: advances the fence generation (audited in ``fence_rebases``); returns the old
+token and the new generation, which the caller then writes into ZooKeeper."""
+
+FENCE_HISTORY: Final = (
+    "SELECT rebase_id, rebased_at, rebased_by, old_generation, old_epoch, new_generation, reason"
+    " FROM allocator.fence_history ORDER BY rebase_id DESC LIMIT %(limit)s"
+)
+"""The latest ``limit`` re-bases, newest first."""
 
 RECORD_POOL_SAMPLE: Final = "SELECT allocator.record_pool_sample()"
 """One sample of the ticket positions, for the claim rate behind ``runway_s``."""
@@ -85,17 +108,20 @@ RECORD_POOL_SAMPLE: Final = "SELECT allocator.record_pool_sample()"
 
 POOL_STATUS: Final = (
     "SELECT available_blocks, available_ids, claim_rate_blocks_per_s, runway_s,"
-    " high_water_id, cut_position, claim_position, epoch, holder"
+    " high_water_id, cut_position, claim_position, epoch, holder, generation,"
+    " mark_ahead_ms, mark_lead_ms"
     " FROM allocator.pool_status"
 )
 
 LEADER_HISTORY: Final = (
-    "SELECT epoch, holder, host, pid, elected_at, ended_at, end_reason"
+    "SELECT epoch, holder, host, pid, elected_at, ended_at, end_reason, generation"
     " FROM allocator.leader_history"
     " ORDER BY elected_at DESC, epoch DESC"
     " LIMIT %(limit)s"
 )
 """The latest ``limit`` terms, newest first."""
 
-FENCE_AND_HIGH_WATER: Final = "SELECT epoch, holder, high_water_id FROM allocator.pool_status"
+FENCE_AND_HIGH_WATER: Final = (
+    "SELECT epoch, holder, high_water_id, generation FROM allocator.pool_status"
+)
 """The fence and the high-water mark, through the view (the roles cannot read the tables)."""

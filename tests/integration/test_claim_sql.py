@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import psycopg
 import pytest
 from psycopg import errors as pg_errors
 
-from tests.fixtures.pg import claim, cut, take_fence
+from allocator.layout import Layout
+from tests.fixtures.pg import LAYOUT_JSON, claim, cut, take_fence
 
 pytestmark = pytest.mark.integration
 
@@ -95,7 +98,7 @@ def test_block_of_a_rolled_back_claim_is_claimed_again(conn: psycopg.Connection)
     assert lost not in claim(conn, "orders", 2)
     # ...until the leader requeues it: two runs, because a run only considers tickets drawn
     # before the previous run (claims still in flight keep their block).
-    requeue = "SELECT allocator.requeue_stranded(%s)"
+    requeue = "SELECT allocator.requeue_stranded(0, %s)"
     conn.execute(requeue, (EPOCH,))
     (moved,) = conn.execute(requeue, (EPOCH,)).fetchone()  # type: ignore[misc]
     assert moved == 1
@@ -113,7 +116,7 @@ def test_claim_slow_path_takes_a_stranded_block_when_its_ticket_misses(
     # never one a claim in flight may be about to take.
     with pytest.raises(psycopg.Error, match="pool empty"):
         claim(conn, "too-soon")
-    conn.execute("SELECT allocator.requeue_stranded(%s)", (EPOCH,))
+    conn.execute("SELECT allocator.requeue_stranded(0, %s)", (EPOCH,))
     # The pool has no block for the next ticket: the claim falls back to the stranded one.
     assert claim(conn, "orders") == [lost]
 
@@ -126,7 +129,7 @@ def test_a_claim_never_waits_for_a_block_another_transaction_holds(
     cut(conn, EPOCH, blocks(1 << 22, 3))
     with conn.transaction(force_rollback=True):
         (lost,) = claim(conn, "rolled-back")
-    conn.execute("SELECT allocator.requeue_stranded(%s)", (EPOCH,))
+    conn.execute("SELECT allocator.requeue_stranded(0, %s)", (EPOCH,))
     with psycopg.connect(db_url) as holder, psycopg.connect(db_url, autocommit=True) as other:
         other.execute("SET lock_timeout = '2s'")  # a wait would fail instead of hanging
         # holder drains the pool's next tickets and grabs the stranded block, keeps it open
@@ -134,8 +137,8 @@ def test_a_claim_never_waits_for_a_block_another_transaction_holds(
         with pytest.raises(psycopg.Error, match="pool empty"):
             claim(other, "other")  # returns at once: nothing to take, nothing to wait for
         holder.rollback()
-    conn.execute("SELECT allocator.requeue_stranded(%s)", (EPOCH,))
-    conn.execute("SELECT allocator.requeue_stranded(%s)", (EPOCH,))
+    conn.execute("SELECT allocator.requeue_stranded(0, %s)", (EPOCH,))
+    conn.execute("SELECT allocator.requeue_stranded(0, %s)", (EPOCH,))
     assert len(claim(conn, "after", 3)) == 3
 
 
@@ -145,11 +148,21 @@ def test_longest_consumer_name_is_accepted(conn: psycopg.Connection) -> None:
     assert len(claim(conn, "x" * 128)) == 1
 
 
-def test_a_block_may_end_at_the_largest_id(conn: psycopg.Connection) -> None:
-    take_fence(conn, EPOCH)
+def test_a_block_at_the_largest_id_is_refused_as_ahead_of_the_database_clock(
+    conn: psycopg.Connection,
+) -> None:
+    """The largest ID carries the layout's last millisecond (2089): decoding it must not
+    overflow, and the clock rule must refuse it (AL105), not a range or cast error."""
+    layout = json.dumps(Layout().record(31))  # the largest ID's datacenter field is all ones
+    conn.execute("SELECT * FROM allocator.take_fence(0, %s, 'node', 'h', 1, %s)", (EPOCH, layout))
     top = 2**63 - 1
-    cut(conn, EPOCH, [(top - 4095, top)])
-    assert claim(conn, "last") == [(1, top - 4095, top)]
+    with pytest.raises(psycopg.Error) as caught:
+        conn.execute(
+            "SELECT * FROM allocator.cut_blocks(0, %s, %s, %s, %s, 1000)",
+            (EPOCH, [top - 4095], [top], layout),
+        )
+    assert caught.value.sqlstate == "AL105"
+    assert "clock ahead" in str(caught.value)
 
 
 def test_claim_forces_synchronous_commit(conn: psycopg.Connection) -> None:
@@ -171,7 +184,7 @@ def test_write_with_a_stale_epoch_is_fenced_al100(conn: psycopg.Connection) -> N
         cut(conn, EPOCH, blocks(1 << 22, 1))
     assert caught.value.sqlstate == "AL100"
     with pytest.raises(psycopg.Error) as requeue:
-        conn.execute("SELECT allocator.requeue_stranded(%s)", (EPOCH,))
+        conn.execute("SELECT allocator.requeue_stranded(0, %s)", (EPOCH,))
     assert requeue.value.sqlstate == "AL100"
 
 
@@ -192,7 +205,7 @@ def test_cut_at_or_behind_the_high_water_mark_is_rejected_al102(conn: psycopg.Co
     # A new leader is bound by the same mark, whatever its clock says.
     take_fence(conn, EPOCH + 1)
     with pytest.raises(psycopg.Error) as again:
-        cut(conn, EPOCH + 1, blocks(1 << 20, 1))
+        cut(conn, EPOCH + 1, blocks(1 << 16, 1))
     assert again.value.sqlstate == "AL102"
 
 
@@ -216,8 +229,8 @@ def test_malformed_batches_are_rejected_al103(
     take_fence(conn, EPOCH)
     with pytest.raises(psycopg.Error) as caught:
         conn.execute(
-            "SELECT * FROM allocator.cut_blocks(%s, %s::bigint[], %s::bigint[])",
-            (EPOCH, firsts, lasts),
+            "SELECT * FROM allocator.cut_blocks(0, %s, %s::bigint[], %s::bigint[], %s, 1000)",
+            (EPOCH, firsts, lasts, LAYOUT_JSON),
         )
     assert caught.value.sqlstate == "AL103"
 
@@ -253,7 +266,7 @@ def test_overlap_within_one_insert_and_moved_ranges_are_refused(
 def test_leader_history_records_terms(conn: psycopg.Connection) -> None:
     take_fence(conn, EPOCH, holder="node-a")
     take_fence(conn, EPOCH + 5, holder="node-b")
-    conn.execute("SELECT allocator.end_term(%s, 'stepped_down')", (EPOCH + 5,))
+    conn.execute("SELECT allocator.end_term(0, %s, 'stepped_down')", (EPOCH + 5,))
     rows = conn.execute(
         "SELECT epoch, holder, ended_at IS NOT NULL, end_reason"
         " FROM allocator.leader_history ORDER BY epoch"

@@ -12,7 +12,6 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable, Iterator
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -38,13 +37,16 @@ from allocator.errors import (
     InvalidBatchError,
     StaleTakeoverError,
 )
-from tests.fixtures.pg import claim, url_for_user
+from allocator.fence import Token
+from tests.fixtures.pg import LAYOUT_JSON, claim, url_for_user
 
 pytestmark = pytest.mark.integration
 
-OLD, NEW = 100, 200
+OLD, NEW = Token(0, 100), Token(0, 200)
 BASE = 1 << 22
 WAIT_S = 10.0
+NEW_TAKEOVER = {"generation": 0, "epoch": NEW.epoch, "holder": "node-b", "host": "h", "pid": 2}
+NEW_TAKEOVER["layout"] = LAYOUT_JSON
 
 Conn = psycopg.Connection[tuple[Any, ...]]
 
@@ -146,11 +148,13 @@ def test_round_trip_takeover_cut_requeue_prune_as_the_node_role(
     db: NodeDatabase, admin: Conn, db_url: str, node_url: str
 ) -> None:
     assert db.take_fence(OLD, "node-a", "host-a", 4242) == Takeover(
-        high_water_id=-1, previous_epoch=0
+        high_water_id=-1, previous_generation=0, previous_epoch=0
     )
-    assert db.fence() == FenceState(epoch=OLD, holder="node-a")
+    assert db.fence() == FenceState(epoch=OLD.epoch, holder="node-a")
     batch = blocks(BASE, 3)
-    assert db.cut_blocks(OLD, batch) == CutResult(high_water_id=batch[-1][1], last_ticket=3)
+    assert db.cut_blocks(OLD, batch) == CutResult(
+        high_water_id=batch[-1][1], last_ticket=3, lead_ms=0
+    )
     assert db.high_water_id() == batch[-1][1]
 
     assert claim(admin, "app") == [(1, *batch[0])]
@@ -162,10 +166,14 @@ def test_round_trip_takeover_cut_requeue_prune_as_the_node_role(
     db.record_pool_sample()
     status = db.pool_status()
     assert (status.available_blocks, status.available_ids) == (2, 2 * 4096)
-    assert (status.high_water_id, status.epoch, status.holder) == (batch[-1][1], OLD, "node-a")
+    assert (status.high_water_id, status.epoch, status.holder) == (
+        batch[-1][1],
+        OLD.epoch,
+        "node-a",
+    )
     assert status.cut_position == 4  # the requeued block got ticket 4
 
-    assert db.prune_claimed(OLD, datetime.now(UTC) + timedelta(minutes=1), 10) == 1
+    assert db.prune_claimed(OLD, 0, 10) == 1
     remaining = admin.execute(
         "SELECT first_id, claimed_at IS NULL FROM allocator.block_ledger ORDER BY first_id"
     ).fetchall()
@@ -175,7 +183,7 @@ def test_round_trip_takeover_cut_requeue_prune_as_the_node_role(
     assert db.end_term(OLD, "stepped_down") is True
     assert db.end_term(OLD, "stepped_down") is False
     (term,) = db.leader_history(5)
-    assert (term.epoch, term.holder, term.host, term.pid) == (OLD, "node-a", "host-a", 4242)
+    assert (term.epoch, term.holder, term.host, term.pid) == (OLD.epoch, "node-a", "host-a", 4242)
     assert term.ended_at is not None
     assert term.end_reason == "stepped_down"
 
@@ -188,11 +196,14 @@ def test_takeover_reports_the_mark_and_the_epoch_it_replaced(db: NodeDatabase) -
     db.take_fence(OLD, "node-a", "h", 1)
     cut = db.cut_blocks(OLD, blocks(BASE, 2))
     assert db.take_fence(NEW, "node-b", "h", 2) == Takeover(
-        high_water_id=cut.high_water_id, previous_epoch=OLD
+        high_water_id=cut.high_water_id, previous_generation=0, previous_epoch=OLD.epoch
     )
     history = db.leader_history(10)
-    assert [(t.epoch, t.end_reason) for t in history] == [(NEW, None), (OLD, "superseded")]
-    assert [t.epoch for t in db.leader_history(1)] == [NEW]
+    assert [(t.epoch, t.end_reason) for t in history] == [
+        (NEW.epoch, None),
+        (OLD.epoch, "superseded"),
+    ]
+    assert [t.epoch for t in db.leader_history(1)] == [NEW.epoch]
 
 
 # -- the fence, through the translated errors ---------------------------------------------
@@ -215,20 +226,20 @@ def test_write_with_a_stale_epoch_is_fenced_and_writes_nothing(
     with pytest.raises(FencedError):
         db.requeue_stranded(OLD)
     with pytest.raises(FencedError):
-        db.prune_claimed(OLD, datetime.now(UTC) + timedelta(days=1), 100)
+        db.prune_claimed(OLD, 0, 100)
     with pytest.raises(FencedError):  # an epoch that never held the fence
-        db.cut_blocks(NEW + 1, blocks(BASE + 2 * 4096, 1))
+        db.cut_blocks(Token(0, NEW.epoch + 1), blocks(BASE + 2 * 4096, 1))
 
     assert (count_blocks(admin), high_water(admin)) == before
 
 
-@pytest.mark.parametrize("epoch", [OLD, OLD - 1])
-def test_takeover_that_is_not_newer_is_stale(db: NodeDatabase, epoch: int) -> None:
+@pytest.mark.parametrize("token", [OLD, Token(0, OLD.epoch - 1)])
+def test_takeover_that_is_not_newer_is_stale(db: NodeDatabase, token: Token) -> None:
     db.take_fence(OLD, "node-a", "h", 1)
     with pytest.raises(StaleTakeoverError, match="stale takeover") as caught:
-        db.take_fence(epoch, "node-b", "h", 2)
+        db.take_fence(token, "node-b", "h", 2)
     assert isinstance(caught.value, FenceError)
-    assert db.fence() == FenceState(epoch=OLD, holder="node-a")
+    assert db.fence() == FenceState(epoch=OLD.epoch, holder="node-a")
     assert len(db.leader_history(10)) == 1
 
 
@@ -239,7 +250,7 @@ def test_cut_at_or_behind_the_mark_is_refused_across_leaders(db: NodeDatabase, a
         db.cut_blocks(OLD, blocks(BASE + 4096, 1))
     db.take_fence(NEW, "node-b", "h", 2)
     with pytest.raises(BehindHighWaterError):  # a new leader whose clock is behind
-        db.cut_blocks(NEW, blocks(BASE - 4096, 1))
+        db.cut_blocks(NEW, blocks(4096, 1))
     assert count_blocks(admin) == 2
     assert db.cut_blocks(NEW, blocks(BASE + 2 * 4096, 1)).high_water_id == BASE + 3 * 4096 - 1
 
@@ -256,7 +267,7 @@ def test_malformed_batches_are_invalid(db: NodeDatabase, ranges: list[tuple[int,
 
 def test_takeover_with_a_bad_epoch_is_invalid(db: NodeDatabase) -> None:
     with pytest.raises(InvalidBatchError):
-        db.take_fence(0, "node-a", "h", 1)
+        db.take_fence(Token(0, 0), "node-a", "h", 1)
 
 
 # -- concurrency: the fence-row lock ----------------------------------------------------
@@ -277,18 +288,23 @@ def test_takeover_waits_for_an_open_cut_then_the_old_leaders_next_write_is_fence
         new_leader.execute("SET statement_timeout = '30s'")
         old_leader.execute(
             sql.CUT_BLOCKS,
-            {"epoch": OLD, "first_ids": [f for f, _ in first], "last_ids": [x for _, x in first]},
+            {
+                "generation": 0,
+                "epoch": OLD.epoch,
+                "first_ids": [f for f, _ in first],
+                "last_ids": [x for _, x in first],
+                "layout": LAYOUT_JSON,
+                "max_ahead_ms": 1000,
+            },
         )
         events.append("cut_executed")
 
         def take_over() -> None:
             try:
                 with new_leader.cursor() as cursor:
-                    row = cursor.execute(
-                        sql.TAKE_FENCE, {"epoch": NEW, "holder": "node-b", "host": "h", "pid": 2}
-                    ).fetchone()
+                    row = cursor.execute(sql.TAKE_FENCE, NEW_TAKEOVER).fetchone()
                 assert row is not None
-                takeovers.append(Takeover(high_water_id=row[0], previous_epoch=row[1]))
+                takeovers.append(Takeover(*row))
             except BaseException as exc:  # reported to the main thread below
                 takeovers.append(exc)
             events.append("takeover_returned")
@@ -310,7 +326,9 @@ def test_takeover_waits_for_an_open_cut_then_the_old_leaders_next_write_is_fence
 
     assert events == ["cut_executed", "cut_committing", "takeover_returned"]
     # The takeover read the mark after the cut committed: it saw the cut.
-    assert takeovers == [Takeover(high_water_id=first[-1][1], previous_epoch=OLD)]
+    assert takeovers == [
+        Takeover(high_water_id=first[-1][1], previous_generation=0, previous_epoch=OLD.epoch)
+    ]
 
     # The old leader's next write is rejected, and writes nothing.
     with pytest.raises(FencedError):
@@ -327,9 +345,7 @@ def test_write_queued_behind_a_takeover_is_fenced_once_the_takeover_commits(
     outcome: list[BaseException | CutResult] = []
 
     with psycopg.connect(db_url) as new_leader:  # the takeover's transaction stays open
-        new_leader.execute(
-            sql.TAKE_FENCE, {"epoch": NEW, "holder": "node-b", "host": "h", "pid": 2}
-        )
+        new_leader.execute(sql.TAKE_FENCE, NEW_TAKEOVER)
 
         def write() -> None:
             try:
@@ -367,7 +383,7 @@ def test_lock_timeout_fails_a_write_stuck_behind_the_fence_row(
     db = make_db(lock_timeout_ms=200)
     db.take_fence(OLD, "node-a", "h", 1)
     with psycopg.connect(db_url) as takeover:  # a takeover in progress holds the row
-        takeover.execute(sql.TAKE_FENCE, {"epoch": NEW, "holder": "node-b", "host": "h", "pid": 2})
+        takeover.execute(sql.TAKE_FENCE, NEW_TAKEOVER)
         with pytest.raises(DatabaseUnavailableError, match="lock_timeout") as caught:
             db.cut_blocks(OLD, blocks(BASE, 1))
         assert isinstance(caught.value.__cause__, psycopg.errors.LockNotAvailable)
@@ -420,17 +436,19 @@ def test_prune_deletes_only_old_claimed_blocks_oldest_first_within_the_limit(
     cut = blocks(BASE, 6)
     db.cut_blocks(OLD, cut)
     claimed = [claim(admin, f"app-{i}")[0] for i in range(4)]  # one claim per statement
-    later = datetime.now(UTC) + timedelta(minutes=1)
-
-    assert db.prune_claimed(OLD, datetime(2000, 1, 1, tzinfo=UTC), 100) == 0  # none that old
-    assert db.prune_claimed(OLD, later, 3) == 3
+    # The cutoff comes from the database clock: a retention of 0 s means "claimed before now".
+    assert db.prune_claimed(OLD, 3600.0, 100) == 0  # none that old
+    assert db.prune_claimed(OLD, 0.0, 3) == 3
     ledger = admin.execute(
         "SELECT block_id, claimed_by FROM allocator.block_ledger ORDER BY block_id"
     ).fetchall()
     assert ledger == [(claimed[3][0], "app-3"), (5, None), (6, None)]  # the newest claim stays
 
-    assert db.prune_claimed(OLD, later, 3) == 1
-    assert db.prune_claimed(OLD, later, 3) == 0
+    assert db.prune_claimed(OLD, 0.0, 3) == 1
+    assert db.prune_claimed(OLD, 0.0, 3) == 0
+    assert admin.execute(
+        "SELECT kind, generation, epoch, blocks FROM allocator.fenced_writes ORDER BY write_id"
+    ).fetchall() == [("prune", 0, OLD.epoch, 3), ("prune", 0, OLD.epoch, 1)]
     assert db.pool_status().available_blocks == 2  # unclaimed blocks are never pruned
     assert count_blocks(admin) == 2
 
@@ -443,13 +461,13 @@ def test_prune_deletes_only_old_claimed_blocks_oldest_first_within_the_limit(
 def test_prune_rejects_bad_arguments(db: NodeDatabase) -> None:
     db.take_fence(OLD, "node-a", "h", 1)
     with pytest.raises(InvalidBatchError):
-        db.prune_claimed(OLD, datetime.now(UTC), 0)
-    with pytest.raises(ValueError, match="timezone"):
-        db.prune_claimed(OLD, datetime(2030, 1, 1), 10)  # naive: the point of the test
+        db.prune_claimed(OLD, 0.0, 0)
+    with pytest.raises(ValueError, match="retention_s"):
+        db.prune_claimed(OLD, -1.0, 10)
 
 
 def test_prune_claimed_is_executable_by_the_node_role_only(admin: Conn) -> None:
-    signature = "allocator.prune_claimed(bigint, timestamptz, integer)"
+    signature = "allocator.prune_claimed(bigint, bigint, bigint, integer)"
     allowed = {
         role: admin.execute(
             "SELECT has_function_privilege(%s, %s, 'EXECUTE')", (role, signature)
@@ -507,9 +525,9 @@ def test_a_write_whose_leadership_came_into_doubt_is_rolled_back(db_url: str) ->
     from allocator.errors import WriteAbandonedError
 
     with NodeDatabase(PostgresConfig(url=SecretStr(db_url)), node_name="doubt") as db:
-        db.take_fence(42, "doubt", "h", 1)
+        db.take_fence(Token(0, 42), "doubt", "h", 1)
         with pytest.raises(WriteAbandonedError):
-            db.cut_blocks(42, [(1000, 1099)], commit_if=lambda: False)
+            db.cut_blocks(Token(0, 42), [(1000, 1099)], commit_if=lambda: False)
         assert db.high_water_id() == -1
-        result = db.cut_blocks(42, [(1000, 1099)], commit_if=lambda: True)
+        result = db.cut_blocks(Token(0, 42), [(1000, 1099)], commit_if=lambda: True)
         assert result.high_water_id == 1099

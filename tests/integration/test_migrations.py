@@ -11,9 +11,11 @@ from tests.fixtures.pg import claim, cut, take_fence
 
 pytestmark = pytest.mark.integration
 
-TABLES = {"fence", "high_water", "blocks", "leader_terms", "pool_samples"}
-VIEWS = {"block_ledger", "pool_status", "leader_history"}
-FUNCTIONS = {
+TABLES_0002 = {"fence", "high_water", "blocks", "leader_terms", "pool_samples"}
+TABLES = TABLES_0002 | {"cluster_layout", "fence_rebases", "fenced_writes"}
+VIEWS_0002 = {"block_ledger", "pool_status", "leader_history"}
+VIEWS = VIEWS_0002 | {"fence_history", "layout"}
+FUNCTIONS_0002 = {
     "claim_blocks",
     "take_fence",
     "end_term",
@@ -25,6 +27,7 @@ FUNCTIONS = {
     "lock_fence",
     "blocks_disjoint",
 }
+FUNCTIONS = FUNCTIONS_0002 | {"db_now_ms", "id_time_ms", "check_layout", "rebase_fence"}
 ROLES = {"allocator_consumer", "allocator_node", "allocator_operator"}
 
 
@@ -77,19 +80,33 @@ def test_downgrade_to_base_then_upgrade_again_works(empty_db_url: str) -> None:
         assert claim(conn, "after-roundtrip") == [(1, 100, 199)]
 
 
-def test_downgrade_one_step_removes_only_prune_claimed_and_upgrade_restores_it(
+def test_downgrade_step_by_step_restores_each_older_schema_and_upgrade_returns(
     empty_db_url: str,
 ) -> None:
     migrate.upgrade_to_head(empty_db_url)
-    command.downgrade(migrate._alembic_config(empty_db_url), "0001")
-    assert migrate.current_revision(empty_db_url) == "0001"
-    assert schema_objects(empty_db_url)["functions"] == FUNCTIONS - {"prune_claimed"}
-    migrate.upgrade_to_head(empty_db_url)
-    assert schema_objects(empty_db_url)["functions"] == FUNCTIONS
-    with psycopg.connect(empty_db_url) as conn:
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        take_fence(conn, 7)
+        cut(conn, 7, [(100, 199)])
+    command.downgrade(migrate._alembic_config(empty_db_url), "0002")
+    assert migrate.current_revision(empty_db_url) == "0002"
+    objects = schema_objects(empty_db_url)
+    assert objects == {"tables": TABLES_0002, "views": VIEWS_0002, "functions": FUNCTIONS_0002}
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute("SELECT * FROM allocator.cut_blocks(7, ARRAY[200], ARRAY[299])")
         (granted,) = conn.execute(  # type: ignore[misc]
             "SELECT has_function_privilege('allocator_node',"
-            " 'allocator.prune_claimed(bigint, timestamptz, integer)', 'EXECUTE')"
+            " 'allocator.cut_blocks(bigint, bigint[], bigint[])', 'EXECUTE')"
+        ).fetchone()
+        assert granted
+    command.downgrade(migrate._alembic_config(empty_db_url), "0001")
+    assert schema_objects(empty_db_url)["functions"] == FUNCTIONS_0002 - {"prune_claimed"}
+    migrate.upgrade_to_head(empty_db_url)
+    assert schema_objects(empty_db_url)["functions"] == FUNCTIONS
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        cut(conn, 7, [(300, 399)])
+        (granted,) = conn.execute(  # type: ignore[misc]
+            "SELECT has_function_privilege('allocator_node',"
+            " 'allocator.prune_claimed(bigint, bigint, bigint, integer)', 'EXECUTE')"
         ).fetchone()
     assert granted
 

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests.fixtures.pg import cut, take_fence, url_for_user
+from tests.fixtures.pg import LAYOUT_JSON, cut, take_fence, url_for_user
 
 pytestmark = pytest.mark.integration
 
@@ -57,10 +57,13 @@ def denied(conn: psycopg.Connection, statement: str) -> bool:
     return False
 
 
+REBASE = "SELECT * FROM allocator.rebase_fence('ensemble rebuilt')"
+"""The operator's audited command: nobody else may run it."""
+
 WRITES = [
-    "SELECT * FROM allocator.take_fence(999, 'x', 'h', 1)",
-    "SELECT * FROM allocator.cut_blocks(50, ARRAY[5000], ARRAY[5099])",
-    "SELECT allocator.requeue_stranded(50)",
+    f"SELECT * FROM allocator.take_fence(0, 999, 'x', 'h', 1, '{LAYOUT_JSON}')",
+    f"SELECT * FROM allocator.cut_blocks(0, 50, ARRAY[5000], ARRAY[5099], '{LAYOUT_JSON}', 1000)",
+    "SELECT allocator.requeue_stranded(0, 50)",
     "UPDATE allocator.blocks SET claimed_by = 'x', claimed_at = now()",
     "INSERT INTO allocator.blocks (ticket, first_id, last_id, epoch) VALUES (1, 9e6, 9e6, 50)",
     "DELETE FROM allocator.blocks",
@@ -79,6 +82,7 @@ def test_consumer_can_only_claim_and_read_pool_status(login_as: object) -> None:
     assert available == 8
     for statement in [
         *WRITES,
+        REBASE,
         "SELECT * FROM allocator.blocks",
         "SELECT * FROM allocator.block_ledger",
         "SELECT * FROM allocator.leader_history",
@@ -90,12 +94,15 @@ def test_consumer_can_only_claim_and_read_pool_status(login_as: object) -> None:
 @pytest.mark.usefixtures("stocked")
 def test_node_writes_only_through_the_fenced_functions(login_as: object) -> None:
     node = login_as("allocator_node")  # type: ignore[operator]
-    node.execute("SELECT * FROM allocator.take_fence(60, 'node-x', 'h', 1)")
-    node.execute("SELECT * FROM allocator.cut_blocks(60, ARRAY[5000], ARRAY[5099])")
-    node.execute("SELECT allocator.requeue_stranded(60)")
+    node.execute(f"SELECT * FROM allocator.take_fence(0, 60, 'node-x', 'h', 1, '{LAYOUT_JSON}')")
+    node.execute(
+        "SELECT * FROM allocator.cut_blocks(0, 60, ARRAY[5000], ARRAY[5099], %s, 1000)",
+        (LAYOUT_JSON,),
+    )
+    node.execute("SELECT allocator.requeue_stranded(0, 60)")
     node.execute("SELECT allocator.record_pool_sample()")
     node.execute("SELECT * FROM allocator.block_ledger LIMIT 1")
-    for statement in [*WRITES[3:], "SELECT * FROM allocator.claim_blocks('node', 1)"]:
+    for statement in [*WRITES[3:], REBASE, "SELECT * FROM allocator.claim_blocks('node', 1)"]:
         assert denied(node, statement), statement
 
 
@@ -106,3 +113,27 @@ def test_operator_reads_the_views_and_writes_nothing(login_as: object) -> None:
         operator.execute(f"SELECT * FROM allocator.{view}").fetchall()
     for statement in [*WRITES, "SELECT * FROM allocator.claim_blocks('op', 1)"]:
         assert denied(operator, statement), statement
+
+
+@pytest.mark.usefixtures("stocked")
+def test_only_the_operator_rebases_the_fence_and_every_rebase_is_recorded(
+    login_as: object,
+) -> None:
+    operator = login_as("allocator_operator")  # type: ignore[operator]
+    (old_generation, old_epoch, new_generation) = operator.execute(REBASE).fetchone()
+    assert (old_generation, old_epoch, new_generation) == (0, 50, 1)
+    rows = operator.execute(
+        "SELECT rebased_by, old_generation, old_epoch, new_generation, reason"
+        " FROM allocator.fence_history"
+    ).fetchall()
+    assert len(rows) == 1
+    rebased_by, *rest = rows[0]
+    assert rebased_by.startswith("t_operator_")  # the login user, not the group
+    assert rest == [0, 50, 1, "ensemble rebuilt"]
+    (ended,) = operator.execute(
+        "SELECT end_reason FROM allocator.leader_history WHERE epoch = 50"
+    ).fetchone()
+    assert ended == "rebased"
+    with pytest.raises(psycopg.Error) as caught:
+        operator.execute("SELECT * FROM allocator.rebase_fence('  ')")
+    assert caught.value.sqlstate == "AL106"
