@@ -23,9 +23,16 @@ Rules (DESIGN §2 I2/I5, §5):
   is past the mark's millisecond the plan jumps to ``(now_ms, lane 0, sequence 0)`` rather
   than filling old milliseconds, so one call cuts only in the current millisecond.
 - Clock behind the mark's millisecond: by at most ``max_clock_behind_ms``, the plan is empty
-  and says when to try again; by more, :class:`~allocator.errors.ClockBehindError` (the
-  leader alerts and keeps serving the pool). A clock before the layout's epoch with no mark
-  is a :class:`~allocator.errors.LayoutError`.
+  and says when to try again. By more, the mark lies in the future: with no
+  ``ahead_allowance_ms`` that is :class:`~allocator.errors.ClockBehindError` (the leader
+  alerts and keeps serving the pool). With one (the caller has checked its clock against the
+  database's and passes the lead the database still allows, DESIGN §5/§11), the plan cuts
+  *densely* straight after the mark, millisecond after millisecond, but never past
+  ``now_ms + ahead_allowance_ms``: a mark that is ahead of every clock never stalls the
+  cluster, and since dense cutting spends positions, not time, real time catches up (one
+  millisecond holds :func:`capacity_per_ms` blocks). This is the one case of cutting ahead
+  of the clock. A clock before the layout's epoch with no mark is a
+  :class:`~allocator.errors.LayoutError`.
 - Refuses, loudly, past the layout's time range: when the clock is past
   :attr:`Layout.ends_at_ms`, or the mark has used the last millisecond up,
   :class:`~allocator.errors.TimeRangeExhaustedError`. A plan that fills the last millisecond
@@ -109,11 +116,13 @@ def plan_blocks(
     now_ms: int,
     count: int,
     max_clock_behind_ms: int,
+    ahead_allowance_ms: int | None = None,
 ) -> Plan:
     """Plan up to ``count`` blocks strictly after ``mark_id`` without passing ``now_ms``.
 
     ``mark_id`` is the persisted high-water mark (-1 if nothing was ever cut), ``now_ms``
-    the leader's clock in Unix milliseconds. Raises :class:`ClockBehindError`,
+    the leader's clock in Unix milliseconds. ``ahead_allowance_ms`` enables dense cutting
+    after a mark that lies in the future (module rules). Raises :class:`ClockBehindError`,
     :class:`TimeRangeExhaustedError`, or, for bad arguments, :class:`LayoutError`
     (``datacenter``, ``block_size``, an epoch after ``now_ms``), :class:`InvalidIdError`
     (``mark_id``) or :class:`ValueError` (``count``, ``max_clock_behind_ms``).
@@ -139,6 +148,10 @@ def plan_blocks(
         )
     if now_ms < mark_ms:
         behind_ms = mark_ms - now_ms
+        if behind_ms > max_clock_behind_ms and ahead_allowance_ms is not None:
+            return _fill_dense(
+                layout, datacenter, block_size, start, count, now_ms, ahead_allowance_ms
+            )
         if behind_ms > max_clock_behind_ms:
             raise ClockBehindError(
                 f"the clock ({_when(now_ms)}) is {behind_ms} ms behind the high-water mark's "
@@ -215,6 +228,32 @@ def _fill(layout: Layout, datacenter: int, block_size: int, start: _Position, co
         lane, sequence = lane + 1, 0
     wait_until_ms = None if len(blocks) == count else timestamp_ms + 1
     return Plan(blocks=tuple(blocks), wait_until_ms=wait_until_ms)
+
+
+def _fill_dense(
+    layout: Layout,
+    datacenter: int,
+    block_size: int,
+    start: _Position,
+    count: int,
+    now_ms: int,
+    allowance_ms: int,
+) -> Plan:
+    """Up to ``count`` blocks from ``start`` (after a mark ahead of ``now_ms``) on, over as
+    many milliseconds as needed, none past ``now_ms + allowance_ms`` or the layout's end."""
+    blocks: list[tuple[int, int]] = []
+    position = start
+    last_ms = min(now_ms + allowance_ms, layout.ends_at_ms)
+    while len(blocks) < count and position[0] <= last_ms:
+        part = _fill(layout, datacenter, block_size, position, count - len(blocks))
+        blocks.extend(part.blocks)
+        position = (position[0] + 1, 0, 0)
+    behind_ms = start[0] - now_ms
+    if len(blocks) == count:
+        return Plan(blocks=tuple(blocks), wait_until_ms=None, clock_behind_ms=behind_ms)
+    # Out of allowance: plan again once the clock has moved the limit onto the next position.
+    wait_until_ms = max(position[0] - allowance_ms, now_ms + 1)
+    return Plan(blocks=tuple(blocks), wait_until_ms=wait_until_ms, clock_behind_ms=behind_ms)
 
 
 def _when(unix_ms: int) -> str:
