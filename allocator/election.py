@@ -35,6 +35,7 @@ from kazoo.exceptions import ConnectionLoss, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
 
+from allocator import fence
 from allocator.errors import AllocatorError
 
 NODE_PREFIX = "n-"
@@ -54,31 +55,56 @@ class ZooKeeperCallTimeoutError(AllocatorError):
 
 @dataclass(frozen=True)
 class Identity:
-    """What a contender publishes in its znode, so operators see who is queued."""
+    """What a contender publishes in its znode, so operators see who is queued and a leader
+    that must hand over sees who would do better (``db_ok``, ``clock_ok``; None: unknown)."""
 
     name: str
     host: str
     pid: int
     admin_address: str
+    db_ok: bool | None = None
+    clock_ok: bool | None = None
 
     def to_bytes(self) -> bytes:
-        return json.dumps(
-            {"name": self.name, "host": self.host, "pid": self.pid, "admin": self.admin_address},
-            sort_keys=True,
-        ).encode()
+        data: dict[str, Any] = {
+            "name": self.name,
+            "host": self.host,
+            "pid": self.pid,
+            "admin": self.admin_address,
+        }
+        if self.db_ok is not None:
+            data["db_ok"] = self.db_ok
+        if self.clock_ok is not None:
+            data["clock_ok"] = self.clock_ok
+        return json.dumps(data, sort_keys=True).encode()
+
+    @property
+    def fit(self) -> bool:
+        """True if it advertises both a reachable database and an agreeing clock."""
+        return bool(self.db_ok and self.clock_ok)
 
     @classmethod
     def from_bytes(cls, data: bytes) -> Identity:
+        """Never raises: data we cannot read becomes "?" / 0 / None field by field."""
         try:
-            raw: dict[str, Any] = json.loads(data.decode() or "{}")
-        except (UnicodeDecodeError, json.JSONDecodeError):
+            raw = json.loads(data.decode() or "{}")
+        except (UnicodeDecodeError, ValueError):
             raw = {}
+        if not isinstance(raw, dict):
+            raw = {}
+        pid = raw.get("pid", 0)
         return cls(
-            name=str(raw.get("name", "?")),
-            host=str(raw.get("host", "?")),
-            pid=int(raw.get("pid", 0) or 0),
-            admin_address=str(raw.get("admin", "")),
+            name=_text(raw.get("name"), "?"),
+            host=_text(raw.get("host"), "?"),
+            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) and pid >= 0 else 0,
+            admin_address=_text(raw.get("admin"), ""),
+            db_ok=raw.get("db_ok") if isinstance(raw.get("db_ok"), bool) else None,
+            clock_ok=raw.get("clock_ok") if isinstance(raw.get("clock_ok"), bool) else None,
         )
+
+
+def _text(value: object, default: str) -> str:
+    return value if isinstance(value, str) else default
 
 
 @dataclass(frozen=True)
@@ -194,6 +220,31 @@ class Election:
     def contenders(self) -> list[Contender]:
         """Everyone in the election, leader first."""
         return read_contenders(self._client, self._path)
+
+    def publish(self, identity: Identity) -> None:
+        """Rewrite our znode's data (what we advertise); a no-op before :meth:`join`."""
+        self._identity = identity
+        if self._znode is not None:
+            self._bounded(self._client.set_async(self._znode, identity.to_bytes()))
+
+    def generation(self) -> int:
+        """The fence generation as this session reads it (0 while the znode is absent).
+
+        Raises ``ValueError`` when the znode holds something else than a number.
+        """
+        path = fence.generation_path(self._path)
+        self._bounded(self._client.sync_async(path))
+        try:
+            data, _stat = self._bounded(self._client.get_async(path))
+        except NoNodeError:
+            return 0
+        return fence.parse_generation(data)
+
+    def newest_zxid(self) -> int:
+        """The election path's pzxid after a sync: no child was created after it."""
+        self._bounded(self._client.sync_async(self._path))
+        stat = self._bounded(self._client.exists_async(self._path))
+        return 0 if stat is None else int(stat.pzxid)
 
     def _predecessor(self) -> str | None:
         znode = self._require_znode()

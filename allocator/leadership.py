@@ -28,6 +28,8 @@ from dataclasses import dataclass
 
 from kazoo.protocol.states import KazooState
 
+from allocator.fence import Token
+
 log = logging.getLogger(__name__)
 
 
@@ -108,10 +110,15 @@ class SessionGuard:
 
 @dataclass
 class Term:
-    """One leadership term: the fence epoch this node took, and whether it may write now."""
+    """One leadership term: the fence token this node took, and whether it may write now."""
 
-    epoch: int
+    token: Token
     guard: SessionGuard
+
+    @property
+    def epoch(self) -> int:
+        """The czxid half of the token."""
+        return self.token.epoch
 
     def __post_init__(self) -> None:
         self._active = threading.Event()

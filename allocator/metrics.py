@@ -63,6 +63,50 @@ class NodeMetrics:
         self.refill_seconds = Histogram(
             "allocator_refill_duration_seconds", "Time of one refill run", registry=r
         )
+        self.fence_generation = Gauge(
+            "allocator_fence_generation",
+            "Generation of this node's current term's token, 0 if none (fence rebase advances it)",
+            registry=r,
+        )
+        self.fence_ahead_of_zookeeper = Gauge(
+            "allocator_fence_ahead_of_zookeeper",
+            "1 while the database's fence holds a token this ZooKeeper ensemble cannot have "
+            "issued (ensemble wiped or restored): run `allocator fence rebase`",
+            registry=r,
+        )
+        self.clock_offset_ms = Gauge(
+            "allocator_clock_offset_ms",
+            "Database server clock minus this node's clock at the last probe",
+            registry=r,
+        )
+        self.clock_skew = Gauge(
+            "allocator_clock_skew_alert",
+            "1 while this node's clock disagrees with the database's beyond pool.max_clock_skew_ms "
+            "(it does not cut)",
+            registry=r,
+        )
+        self.database_reachable = Gauge(
+            "allocator_database_reachable",
+            "1 if the last probe of the database succeeded",
+            registry=r,
+        )
+        self.mark_ahead_seconds = Gauge(
+            "allocator_mark_ahead_seconds",
+            "How far the high-water mark lies ahead of the database clock (0 when not ahead); "
+            "the leader cuts densely after it until real time catches up",
+            registry=r,
+        )
+        self.handover_withheld = Gauge(
+            "allocator_handover_withheld",
+            "1 while this leader should hand over (clock or database) but no contender "
+            "advertises that it can do better",
+            registry=r,
+        )
+        self.layout_mismatch = Gauge(
+            "allocator_layout_mismatch",
+            "1 when the database recorded another layout or datacenter than this node's",
+            registry=r,
+        )
         self.job_errors = Counter(
             "allocator_job_errors",
             "Scheduled job runs that failed (label task: not job, which Prometheus owns)",

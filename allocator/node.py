@@ -1,9 +1,11 @@
 """An allocator node (`allocator run`): election, fence takeover, leader jobs, self-stop.
 
-Rules (DESIGN §3, §4; the invariants I3 and I6):
+Rules (DESIGN §3, §4, §11; the invariants I3 and I6):
 - A node writes only inside a :class:`~allocator.leadership.Term`: after it is first in the
-  election AND its fence takeover (token = czxid of its own znode) committed. Every write
-  checks ``term.may_write()`` before it starts and again right before COMMIT.
+  election AND its fence takeover committed. The token is ``(generation, czxid)``
+  (:mod:`allocator.fence`): the czxid of its own znode and the generation its own session
+  reads beside the election path. Every write checks ``term.may_write()`` before it starts
+  and again right before COMMIT.
 - SUSPENDED pauses the term from the kazoo listener at once. Reconnecting with the same
   session resumes it only after the node re-checks that its znode still exists and is owned
   by this session with the same czxid. While leading, that check also runs every
@@ -11,27 +13,36 @@ Rules (DESIGN §3, §4; the invariants I3 and I6):
 - Session loss (kazoo LOST, or suspended for a whole session timeout by our own timer):
   leader jobs stop first, then the node exits with ``EXIT_SESSION_LOST`` (a supervisor
   restarts it with a fresh session), or with ``node.on_session_loss = "rejoin"`` it re-enters
-  the election with a new session. Followers do the same: they hold ephemeral nodes too.
+  the election with a new session from a *new* ZooKeeper client (the factory's): an old
+  client remembers the last zxid it saw, and an ensemble rebuilt from nothing refuses it.
 - A write PostgreSQL rejects as fenced (AL100) means another node holds the fence: the node
-  ends its term and exits with ``EXIT_FENCED``.
+  ends its term and exits with ``EXIT_FENCED``. A layout the database does not know
+  (AL104) is a configuration error: exit ``EXIT_CONFIG``.
+- A takeover refused as stale (AL101) is either a race (another node took a newer token:
+  leave, back off, rejoin) or the fence is *ahead of ZooKeeper* (an ensemble wiped or
+  restored): then the node reports it (metric, log, ``/status``), stays first in the queue
+  and retries slowly; nobody could take the fence, so leaving would only churn. An operator
+  ends it with ``allocator fence rebase``.
+- Every node probes the database (:mod:`allocator.health`) and advertises in its znode
+  whether it reaches it and whether its clock agrees with the database's. A leader whose
+  clock has disagreed for ``leader.clock_skew_handover_s`` or whose writes have all failed
+  for ``leader.db_unreachable_s`` steps down, but only when some contender advertises both;
+  otherwise it keeps leading and reports the handover as withheld (no churn).
 - Graceful step-down (`allocator step-down`, POST /step-down) and SIGTERM: stop the jobs,
   record the end of the term, delete the znode (the next node takes over at once); step-down
   then rejoins at the back of the queue, SIGTERM exits 0.
-- The constructor does no I/O; :meth:`Node.run` does it all and always cleans up.
+- The node receives its collaborators (:mod:`allocator.ports`): the store, a ZooKeeper
+  client factory, the leader jobs, the clock. The constructor does no I/O; :meth:`Node.run`
+  does it all and always cleans up.
 
 Exit codes: 0 stopped on request; 3 ZooKeeper session lost; 4 fenced by a newer leader;
 69/70/75/78 as for every command (missing prerequisite, bug, unavailable, bad config).
 
-Test hooks (tests/chaos only; off unless ``allocator run`` reads their variable, see
-:mod:`allocator.commands.run`, which logs each one loudly at start):
-- ``expose_session_password`` (``ALLOCATOR_TEST_EXPOSE_SESSION=1``): ``/status`` also shows
-  the ZooKeeper session password, so a test can force a real server-side expiry. ``/status``
-  always shows the session id (hex); never the password otherwise.
-- ``unsafe_no_fence`` (``ALLOCATOR_TEST_UNSAFE_NO_FENCE=1``): a deliberate dual master, the
-  proof that the chaos checker catches stale writes. The term's ``may_write`` ignores the
-  session and the term's end; blocks are written by a plain INSERT (superuser URL needed),
-  bypassing ``cut_blocks``' fence and mark checks; fenced maintenance writes that fail are
-  ignored. Never set it outside a test.
+Test hook (tests/chaos only; off unless ``allocator run`` reads its variable, see
+:mod:`allocator.commands.run`, which logs it loudly at start): ``expose_session_password``
+(``ALLOCATOR_TEST_EXPOSE_SESSION=1``): ``/status`` also shows the ZooKeeper session password,
+so a test can force a real server-side expiry. ``/status`` always shows the session id (hex);
+never the password otherwise.
 """
 
 from __future__ import annotations
@@ -41,19 +52,16 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
-from datetime import datetime
+from collections.abc import Callable
 from typing import Any
 
-from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
-from kazoo.retry import KazooRetry
 
+from allocator import fence
 from allocator.admin import AdminServer
 from allocator.config import Config
-from allocator.db import CommitCheck, CutResult, NodeDatabase
 from allocator.election import (
     Election,
     ElectionNodeLostError,
@@ -64,23 +72,33 @@ from allocator.errors import (
     AllocatorError,
     DatabaseError,
     FencedError,
+    LayoutMismatchError,
     StaleTakeoverError,
     ZooKeeperUnavailableError,
 )
+from allocator.health import NodeHealth
 from allocator.leadership import SessionGuard, Term
 from allocator.metrics import NodeMetrics
-from jobs.context import LeaderContext, wall_clock_ms
-from jobs.leader import LeaderJobs
+from allocator.ports import LeaderHooks, LeaderJobsPort, NodeStore, ZooKeeperFactory
 
 log = logging.getLogger(__name__)
 
 EXIT_OK = 0
 EXIT_SESSION_LOST = 3
 EXIT_FENCED = 4
+EXIT_CONFIG = 78
 
 RECHECK_INTERVAL_S = 0.5
 STALE_TAKEOVER_BACKOFF_S = 2.0
+FENCE_AHEAD_BACKOFF_S = 5.0
 JOB_STOP_TIMEOUT_S = 10.0
+HANDOVER_CHECK_INTERVAL_S = 1.0
+
+TermFactory = Callable[[fence.Token, SessionGuard], Term]
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 class Node:
@@ -88,41 +106,32 @@ class Node:
         self,
         config: Config,
         *,
+        store: NodeStore,
+        zookeeper: ZooKeeperFactory,
+        jobs: LeaderJobsPort,
+        metrics: NodeMetrics | None = None,
+        health: NodeHealth | None = None,
+        now_ms: Callable[[], int] = wall_clock_ms,
         host: str | None = None,
         pid: int | None = None,
-        now_ms: Callable[[], int] = wall_clock_ms,
+        term_factory: TermFactory = Term,
         expose_session_password: bool = False,
-        unsafe_no_fence: bool = False,
     ) -> None:
         self._config = config
         self._now_ms = now_ms
         self.name = config.node.resolved_name()
         self._host = host or socket.gethostname()
         self._pid = pid or os.getpid()
-        self._metrics = NodeMetrics()
+        self._metrics = metrics or NodeMetrics()
         self._metrics.session.state("connecting")
-        # Test hooks (module docstring): both False in production.
-        self._expose_session_password = expose_session_password
-        self._unsafe_no_fence = unsafe_no_fence
-        database = _UnsafeNodeDatabase if unsafe_no_fence else NodeDatabase
-        self._db = database(config.postgres, node_name=self.name)
-        zk = config.zookeeper
-        auth = zk.auth.get_secret_value()
-        self._zk = KazooClient(
-            hosts=zk.hosts,
-            timeout=zk.session_timeout_ms / 1000,
-            connection_retry=KazooRetry(
-                max_tries=-1,
-                delay=0.1,
-                backoff=2,
-                max_jitter=0.4,
-                max_delay=zk.max_reconnect_delay_s,
-            ),
-            command_retry=KazooRetry(max_tries=3, delay=0.1, backoff=2, max_delay=1.0),
-            auth_data=[("digest", auth)] if auth else None,
-        )
-        self._guard = SessionGuard(zk.session_timeout_ms / 1000)
-        self._jobs = LeaderJobs()
+        self._health = health or NodeHealth()
+        self._expose_session_password = expose_session_password  # TEST HOOK (docstring)
+        self._db = store
+        self._zk_factory = zookeeper
+        self._zk: Any = zookeeper()
+        self._term_factory = term_factory
+        self._guard = SessionGuard(config.zookeeper.session_timeout_ms / 1000)
+        self._jobs = jobs
         self._admin = AdminServer(
             config.node.admin_address,
             config.node.admin_token.get_secret_value(),
@@ -138,9 +147,13 @@ class Node:
         self._wake = threading.Event()  # wakes the leader's watch loop
         self._step_down = threading.Event()
         self._fenced = threading.Event()
+        self._fatal: AllocatorError | None = None
         self._term: Term | None = None
         self._role = "starting"
         self._since = time.time()
+        self._fence_ahead: dict[str, Any] | None = None
+        self._handover_withheld: str | None = None
+        self._probe_thread: threading.Thread | None = None
 
     # -- requests from other threads (signals, admin HTTP) --------------------------------
 
@@ -162,6 +175,14 @@ class Node:
     def metrics(self) -> NodeMetrics:
         return self._metrics
 
+    @property
+    def health(self) -> NodeHealth:
+        return self._health
+
+    @property
+    def role(self) -> str:
+        return self._role
+
     def session_credentials(self) -> tuple[int, bytes] | None:
         """(session id, password) of the live ZooKeeper session: for forced-expiry drills."""
         client_id: tuple[int, bytes] | None = self._zk.client_id
@@ -170,18 +191,25 @@ class Node:
     def snapshot(self) -> dict[str, Any]:
         term = self._term
         client_id = self.session_credentials()
+        advert = self._health.advert()
         snapshot = {
             "name": self.name,
             "host": self._host,
             "pid": self._pid,
             "role": self._role,
             "epoch": term.epoch if term and not term.ended else None,
+            "generation": term.token.generation if term and not term.ended else None,
             "may_write": bool(term and term.may_write()),
             "session": self._session_state(),
             "session_id": f"{client_id[0]:#x}" if client_id else None,
             "znode": self._election.znode if self._election else None,
             "admin_url": self._admin.url,
             "since": self._since,
+            "database_reachable": advert.db_ok,
+            "clock_agrees": advert.clock_ok,
+            "clock_offset_ms": self._health.offset_ms,
+            "fence_ahead_of_zookeeper": self._fence_ahead,
+            "handover_withheld": self._handover_withheld,
         }
         if self._expose_session_password and client_id:  # TEST HOOK: never in production
             snapshot["session_password"] = client_id[1].hex()
@@ -195,24 +223,45 @@ class Node:
         try:
             self._db.open(timeout=config.postgres.connect_timeout_s)
             self._admin.start()
-            identity = Identity(self.name, self._host, self._pid, self._admin.url)
-            self._election = Election(self._zk, config.zookeeper.election_path, identity)
             self._jobs.start_scheduler()
-            self._zk.add_listener(self._on_session_state)
-            try:
-                self._zk.start(timeout=config.zookeeper.connect_timeout_s)
-            except KazooTimeoutError as exc:
-                raise ZooKeeperUnavailableError(
-                    f"no ZooKeeper server answered at {config.zookeeper.hosts} "
-                    f"within {config.zookeeper.connect_timeout_s} s"
-                ) from exc
+            self._election = self._start_session()
             log.info("event=started name=%s admin_url=%s", self.name, self._admin.url)
-            return self._loop(self._election)
+            self._probe_thread = threading.Thread(
+                target=self._probe_loop, name="db-probe", daemon=True
+            )
+            self._probe_thread.start()
+            return self._loop()
         finally:
             self._shutdown()
 
-    def _loop(self, election: Election) -> int:
+    def _identity(self) -> Identity:
+        advert = self._health.advert()
+        return Identity(
+            self.name,
+            self._host,
+            self._pid,
+            self._admin.url,
+            db_ok=advert.db_ok,
+            clock_ok=advert.clock_ok,
+        )
+
+    def _start_session(self) -> Election:
+        """Start the current ZooKeeper client and build the election on it."""
+        config = self._config
+        self._zk.add_listener(self._on_session_state)
+        try:
+            self._zk.start(timeout=config.zookeeper.connect_timeout_s)
+        except KazooTimeoutError as exc:
+            raise ZooKeeperUnavailableError(
+                f"no ZooKeeper server answered at {config.zookeeper.hosts} "
+                f"within {config.zookeeper.connect_timeout_s} s"
+            ) from exc
+        return Election(self._zk, config.zookeeper.election_path, self._identity())
+
+    def _loop(self) -> int:
         while not self._stop.is_set():
+            election = self._election
+            assert election is not None
             if self._guard.check_timer():
                 action = self._config.node.on_session_loss
                 log.error(
@@ -223,7 +272,7 @@ class Node:
                 )
                 if action == "exit":
                     return EXIT_SESSION_LOST
-                self._rejoin(election)
+                self._rejoin()
                 continue
             try:
                 election.join()
@@ -238,58 +287,89 @@ class Node:
                 self._wait_for_session()
         return EXIT_OK
 
+    def _token(self, election: Election) -> fence.Token | None:
+        """Our token, or None (reported) when the generation znode holds garbage."""
+        czxid = election.token()
+        try:
+            generation = election.generation()
+        except ValueError as exc:
+            log.error("event=fence_generation_unreadable name=%s error=%s", self.name, exc)
+            return None
+        return fence.Token(generation, czxid)
+
     def _lead(self, election: Election) -> int | None:
-        token = election.token()
+        token = self._token(election)
+        if token is None:
+            self._stop.wait(FENCE_AHEAD_BACKOFF_S)
+            return None
         try:
             takeover = self._db.take_fence(token, self.name, self._host, self._pid)
         except StaleTakeoverError as exc:
-            log.error("event=fence_stale name=%s epoch=%s error=%s", self.name, token, exc)
+            if self._report_fence_ahead(election, token):
+                self._stop.wait(FENCE_AHEAD_BACKOFF_S)  # stay first: leaving would only churn
+                return None
+            log.error("event=fence_stale name=%s token=%s error=%s", self.name, token, exc)
             self._leave(election)
             self._stop.wait(STALE_TAKEOVER_BACKOFF_S)
             return None
+        except LayoutMismatchError as exc:
+            self._metrics.layout_mismatch.set(1)
+            log.critical("event=layout_mismatch name=%s error=%s", self.name, exc)
+            self._leave(election)
+            return EXIT_CONFIG
         except DatabaseError as exc:
-            log.error("event=takeover_failed name=%s epoch=%s error=%s", self.name, token, exc)
+            log.error("event=takeover_failed name=%s token=%s error=%s", self.name, token, exc)
             self._leave(election)
             self._stop.wait(STALE_TAKEOVER_BACKOFF_S)
             return None
-        term = (_UnsafeTerm if self._unsafe_no_fence else Term)(token, self._guard)
+        self._clear_fence_ahead()
+        term = self._term_factory(token, self._guard)
         self._term = term
         self._fenced.clear()
         term.activate()
         self._role = "leader"
         self._since = time.time()
+        self._health.term_started()
         self._metrics.terms.inc()
-        self._metrics.fence_epoch.set(token)
+        self._metrics.fence_epoch.set(token.epoch)
+        self._metrics.fence_generation.set(token.generation)
         self._metrics.is_leader.set(1)
         log.info(
-            "event=elected name=%s epoch=%s previous_epoch=%s high_water_id=%s",
+            "event=elected name=%s epoch=%s generation=%s previous_epoch=%s "
+            "previous_generation=%s high_water_id=%s",
             self.name,
-            token,
+            token.epoch,
+            token.generation,
             takeover.previous_epoch,
+            takeover.previous_generation,
             takeover.high_water_id,
         )
-        log.info("event=fence_taken name=%s epoch=%s", self.name, token)
+        log.info("event=fence_taken name=%s token=%s", self.name, token)
+        self._check_clock_at_takeover()
         self._jobs.start(
-            LeaderContext(
-                term,
-                self._db,
-                self._config,
-                self._metrics,
-                on_fenced=self._on_fenced,
-                now_ms=self._now_ms,
-            )
+            term,
+            LeaderHooks(health=self._health, on_fenced=self._on_fenced, on_fatal=self._on_fatal),
         )
         reason = self._watch_term(term, election)
         term.end(reason)
         self._metrics.is_leader.set(0)
+        self._metrics.fence_epoch.set(0)
+        self._metrics.fence_generation.set(0)
+        self._metrics.handover_withheld.set(0)
+        self._handover_withheld = None
+        self._health.term_ended()
         if not self._jobs.stop(JOB_STOP_TIMEOUT_S):
-            log.error("event=job_stop_timeout name=%s epoch=%s", self.name, token)
-        self._role = "stopping" if reason == "shutdown" else "follower"
+            log.error("event=job_stop_timeout name=%s token=%s", self.name, token)
+        self._role = "stopping" if reason in ("shutdown", "fatal") else "follower"
         self._term = None
-        log.info("event=stepped_down name=%s epoch=%s reason=%s", self.name, token, reason)
-        if reason in ("shutdown", "stepped_down"):
+        log.info("event=stepped_down name=%s token=%s reason=%s", self.name, token, reason)
+        if reason == "fatal":
             self._end_term(token, reason)
-            self._leave(election)  # hands over at once; step-down rejoins at the back
+            self._leave(election)
+            return self._fatal.exit_code if self._fatal else EXIT_CONFIG
+        if reason in ("shutdown", "stepped_down", "clock_skew", "db_unreachable"):
+            self._end_term(token, reason)
+            self._leave(election)  # hands over at once; the others rejoin at the back
             return None
         if reason == "fenced":
             return EXIT_FENCED
@@ -299,11 +379,14 @@ class Node:
 
     def _watch_term(self, term: Term, election: Election) -> str:
         """Wait while leading; return why the term ends. Pauses/resumes on session flaps."""
+        next_handover_check = time.monotonic()
         while True:
             self._wake.wait(RECHECK_INTERVAL_S)
             self._wake.clear()
             if self._guard.check_timer() or self._guard.lost:
                 return "session_lost"
+            if self._fatal is not None:
+                return "fatal"
             if self._fenced.is_set():
                 return "fenced"
             if self._stop.is_set():
@@ -317,6 +400,11 @@ class Node:
             try:
                 if not election.still_ours() or election.token() != term.epoch:
                     return "znode_lost"
+                if time.monotonic() >= next_handover_check:
+                    next_handover_check = time.monotonic() + HANDOVER_CHECK_INTERVAL_S
+                    reason = self._handover_due(election)
+                    if reason is not None:
+                        return reason
             except (KazooException, ElectionNodeLostError, ZooKeeperCallTimeoutError):
                 term.pause()
                 continue
@@ -324,14 +412,146 @@ class Node:
                 log.info("event=resumed name=%s epoch=%s", self.name, term.epoch)
             term.activate()
 
-    def _rejoin(self, election: Election) -> None:
+    def _handover_due(self, election: Election) -> str | None:
+        """A reason to step down now, if one applies AND a fit contender would take over."""
+        leader = self._config.leader
+        reason = self._health.handover_reason(leader.clock_skew_handover_s, leader.db_unreachable_s)
+        if reason is None:
+            if self._handover_withheld is not None:
+                log.info("event=handover_no_longer_needed name=%s", self.name)
+            self._handover_withheld = None
+            self._metrics.handover_withheld.set(0)
+            return None
+        own = election.znode
+        fit = [c for c in election.contenders() if c.znode != own and c.identity.fit]
+        if fit:
+            log.warning(
+                "event=handing_over name=%s reason=%s to=%s",
+                self.name,
+                reason,
+                fit[0].identity.name,
+            )
+            return reason
+        if self._handover_withheld != reason:
+            log.error(
+                "event=handover_withheld name=%s reason=%s: no contender advertises a reachable "
+                "database and an agreeing clock; keeping the lead, serving the pool",
+                self.name,
+                reason,
+            )
+        self._handover_withheld = reason
+        self._metrics.handover_withheld.set(1)
+        return None
+
+    # -- the fence ahead of ZooKeeper ----------------------------------------------------------
+
+    def _report_fence_ahead(self, election: Election, token: fence.Token) -> bool:
+        """After a stale takeover: True (and reported) if ZooKeeper is behind the fence."""
+        try:
+            held = self._db.fence().token
+            newest = election.newest_zxid()
+        except (AllocatorError, KazooException) as exc:
+            log.warning("event=fence_check_failed name=%s error=%s", self.name, exc)
+            return False
+        if not fence.ahead_of_zookeeper(held, token.generation, newest):
+            return False
+        state = {
+            "fence": {"generation": held.generation, "epoch": held.epoch},
+            "zookeeper": {"generation": token.generation, "newest_zxid": newest},
+        }
+        if self._fence_ahead != state:
+            log.critical(
+                "event=fence_ahead_of_zookeeper name=%s fence=%s zookeeper_generation=%s "
+                "newest_zxid=%#x: the ensemble was wiped or restored; nobody can take the "
+                "fence until an operator runs `allocator fence rebase`",
+                self.name,
+                held,
+                token.generation,
+                newest,
+            )
+        self._fence_ahead = state
+        self._metrics.fence_ahead_of_zookeeper.set(1)
+        self._role = "blocked"
+        return True
+
+    def _clear_fence_ahead(self) -> None:
+        if self._fence_ahead is not None:
+            log.info("event=fence_ahead_cleared name=%s", self.name)
+        self._fence_ahead = None
+        self._metrics.fence_ahead_of_zookeeper.set(0)
+
+    # -- the database probe and what we advertise ------------------------------------------
+
+    def _probe_loop(self) -> None:
+        """Every ``leader.probe_interval_s``: reach the database, compare clocks, advertise."""
+        published = self._health.advert()
+        while not self._stop.wait(self._config.leader.probe_interval_s):
+            self._probe_once()
+            advert = self._health.advert()
+            election = self._election
+            if advert != published and election is not None and self._guard.connected:
+                try:
+                    election.publish(self._identity())
+                    published = advert
+                except (KazooException, ZooKeeperCallTimeoutError) as exc:
+                    log.warning("event=advert_failed name=%s error=%r", self.name, exc)
+
+    def _probe_once(self) -> None:
+        bound = self._config.pool.max_clock_skew_ms
+        try:
+            reading = self._db.read_clock(self._now_ms)
+        except AllocatorError as exc:
+            if self._health.advert().db_ok is not False:
+                log.warning("event=database_unreachable name=%s error=%s", self.name, exc)
+            self._health.probed(None, None)
+            self._metrics.database_reachable.set(0)
+            return
+        agrees = not reading.disagrees(bound)
+        if self._health.advert().db_ok is False:
+            log.info("event=database_reachable name=%s", self.name)
+        if not agrees and self._health.advert().clock_ok is not False:
+            log.error(
+                "event=clock_disagrees name=%s offset_ms=%.0f bound_ms=%d: this node's clock "
+                "differs from the database server's; it will not cut",
+                self.name,
+                reading.offset_ms,
+                bound,
+            )
+        self._health.probed(reading.offset_ms, agrees)
+        self._metrics.database_reachable.set(1)
+        self._metrics.clock_offset_ms.set(reading.offset_ms)
+        self._metrics.clock_skew.set(0 if agrees else 1)
+
+    def _check_clock_at_takeover(self) -> None:
+        """One probe right after the takeover, so the first refill knows where it stands."""
+        self._probe_once()
+
+    # -- session handling -----------------------------------------------------------------
+
+    def _rejoin(self) -> None:
+        """A new session from a new client: the old one may be refused by a rebuilt ensemble."""
         log.info("event=rejoin name=%s", self.name)
+        old = self._zk
+        old.remove_listener(self._on_session_state)
+        try:
+            old.stop()
+            old.close()
+        except KazooException as exc:
+            log.warning("event=zookeeper_close_failed error=%r", exc)
         self._guard.reset()
         self._interrupt.clear()
-        if self._zk.connected:
-            self._guard(KazooState.CONNECTED)
+        self._zk = self._zk_factory()
+        while not self._stop.is_set():
+            try:
+                self._election = self._start_session()
+                break
+            except ZooKeeperUnavailableError as exc:
+                log.warning("event=rejoin_failed name=%s error=%s", self.name, exc)
+                self._zk.remove_listener(self._on_session_state)
+                self._zk.stop()
+                self._zk.close()
+                self._zk = self._zk_factory()
         self._wait_for_session()
-        self._leave(election)  # only deletes a node this (new) session owns
 
     def _leave(self, election: Election) -> None:
         """Delete our znode; if ZooKeeper cannot be reached, closing the session will."""
@@ -347,17 +567,26 @@ class Node:
             self._guard.changed.wait(0.1)
             self._guard.changed.clear()
 
-    def _end_term(self, epoch: int, reason: str) -> None:
+    def _end_term(self, token: fence.Token, reason: str) -> None:
         try:
-            self._db.end_term(epoch, reason)
+            self._db.end_term(token, reason)
         except AllocatorError as exc:
-            log.warning("event=end_term_failed epoch=%s error=%s", epoch, exc)
+            log.warning("event=end_term_failed token=%s error=%s", token, exc)
 
     def _on_fenced(self, exc: FencedError) -> None:
         log.error("event=fenced_write_rejected name=%s error=%s", self.name, exc)
         if self._term is not None:
             self._term.pause()
         self._fenced.set()
+        self._wake.set()
+
+    def _on_fatal(self, exc: AllocatorError) -> None:
+        log.critical("event=fatal_write_error name=%s error=%s", self.name, exc)
+        if isinstance(exc, LayoutMismatchError):
+            self._metrics.layout_mismatch.set(1)
+        if self._term is not None:
+            self._term.pause()
+        self._fatal = exc
         self._wake.set()
 
     # kazoo listener: runs on the connection thread; only flips flags.
@@ -382,6 +611,7 @@ class Node:
         return "suspended" if self._role != "starting" else "connecting"
 
     def _shutdown(self) -> None:
+        self._stop.set()
         self._interrupt.set()
         term = self._term
         if term is not None:
@@ -393,85 +623,8 @@ class Node:
             self._zk.close()
         except KazooException as exc:
             log.warning("event=zookeeper_close_failed error=%r", exc)
+        if self._probe_thread is not None:
+            self._probe_thread.join(timeout=JOB_STOP_TIMEOUT_S)
         self._db.close()
         self._admin.stop()
         log.info("event=stopped name=%s", self.name)
-
-
-# -- TEST HOOK: ALLOCATOR_TEST_UNSAFE_NO_FENCE=1 only (tests/chaos/test_checker_proof.py) --
-# A deliberately broken leader, so the chaos checker can be shown to catch a dual master.
-# The SQL lives here, not in allocator.sql, because no production path may ever use it.
-
-_UNSAFE_POSITIONS = (
-    "SELECT h.last_ticket, (SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END"
-    " FROM allocator.claim_ticket s) FROM allocator.high_water h FOR UPDATE"
-)
-_UNSAFE_INSERT = (
-    "INSERT INTO allocator.blocks (ticket, first_id, last_id, epoch)"
-    " SELECT %(first_ticket)s + u.o - 1, u.f, u.l, %(epoch)s"
-    " FROM unnest(%(first_ids)s::bigint[], %(last_ids)s::bigint[]) WITH ORDINALITY AS u(f, l, o)"
-)
-_UNSAFE_ADVANCE = (
-    "UPDATE allocator.high_water SET last_id = greatest(last_id, %(last_id)s),"
-    " last_ticket = greatest(last_ticket, %(last_ticket)s), updated_at = statement_timestamp()"
-)
-
-
-class _UnsafeTerm(Term):
-    """TEST ONLY: may always write, whatever the session says and after the term ended."""
-
-    def may_write(self) -> bool:
-        return True
-
-
-class _UnsafeNodeDatabase(NodeDatabase):
-    """TEST ONLY: block writes by plain INSERT, with no fence and no high-water check."""
-
-    def cut_blocks(
-        self,
-        epoch: int,
-        ranges: Sequence[tuple[int, int]],
-        commit_if: CommitCheck | None = None,
-    ) -> CutResult:
-        what = "cut blocks (UNSAFE: unfenced test hook)"
-        log.warning(
-            "event=unsafe_unfenced_write epoch=%s blocks=%d first_id=%s (TEST HOOK)",
-            epoch,
-            len(ranges),
-            ranges[0][0] if ranges else None,
-        )
-        with self._connection(what) as conn, conn.transaction():
-            row = conn.execute(_UNSAFE_POSITIONS).fetchone()
-            if row is None:
-                raise DatabaseError(f"{what}: the database returned no row")
-            first_ticket = max(int(row[0]), int(row[1])) + 1
-            conn.execute(
-                _UNSAFE_INSERT,
-                {
-                    "first_ticket": first_ticket,
-                    "epoch": epoch,
-                    "first_ids": [first for first, _ in ranges],
-                    "last_ids": [last for _, last in ranges],
-                },
-            )
-            last_ticket = first_ticket + len(ranges) - 1
-            conn.execute(_UNSAFE_ADVANCE, {"last_id": ranges[-1][1], "last_ticket": last_ticket})
-        return CutResult(high_water_id=ranges[-1][1], last_ticket=last_ticket)
-
-    def requeue_stranded(self, epoch: int, commit_if: CommitCheck | None = None) -> int:
-        try:
-            return super().requeue_stranded(epoch, commit_if)
-        except FencedError:
-            return 0  # a stale unsafe leader carries on regardless
-
-    def prune_claimed(
-        self,
-        epoch: int,
-        claimed_before: datetime,
-        limit: int,
-        commit_if: CommitCheck | None = None,
-    ) -> int:
-        try:
-            return super().prune_claimed(epoch, claimed_before, limit, commit_if)
-        except FencedError:
-            return 0

@@ -1,20 +1,30 @@
 """The leader-only jobs on APScheduler 3: started after the fence is taken, stopped first.
 
 Rules: one BackgroundScheduler per node, started once; a term adds its jobs and removes
-them when it ends. ``stop`` removes every job, then waits (bounded) for the run in flight,
-which itself stops at its next ``may_write`` check; writes already past that check roll
-back through ``commit_if``. Job errors are logged and counted, never fatal.
+them when it ends. Job ids carry the term's token (``refill-<generation>-<epoch>``):
+APScheduler counts running instances per id, so a run stuck in an old term (a black-holed
+database, say) can never make a later term's runs be skipped as "max instances reached".
+``stop`` removes every job, then waits (bounded) for the run in flight, which itself stops at
+its next ``may_write`` check; writes already past that check roll back through
+``commit_if``. Job errors are logged and counted, never fatal.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
 from apscheduler.events import EVENT_JOB_ERROR, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from allocator.config import Config
+from allocator.db import NodeDatabase
+from allocator.leadership import Term
+from allocator.metrics import NodeMetrics
+from allocator.node import wall_clock_ms
+from allocator.ports import LeaderHooks
 from jobs import refill, retention, sampling
 from jobs.context import LeaderContext
 
@@ -27,12 +37,25 @@ RETENTION_INTERVAL_S = 60.0
 
 
 class LeaderJobs:
-    def __init__(self) -> None:
+    """The real :class:`allocator.ports.LeaderJobsPort`, built by ``allocator run``."""
+
+    def __init__(
+        self,
+        db: NodeDatabase,
+        config: Config,
+        metrics: NodeMetrics,
+        now_ms: Callable[[], int] = wall_clock_ms,
+    ) -> None:
+        self._db = db
+        self._config = config
+        self._metrics = metrics
+        self._now_ms = now_ms
         self._scheduler = BackgroundScheduler(
             timezone=UTC, job_defaults={"misfire_grace_time": None}
         )
         self._scheduler.add_listener(self._on_error, EVENT_JOB_ERROR)
         self._ctx: LeaderContext | None = None
+        self._job_ids: tuple[str, ...] = ()
 
     def start_scheduler(self) -> None:
         self._scheduler.start()
@@ -41,10 +64,18 @@ class LeaderJobs:
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
 
-    def start(self, ctx: LeaderContext) -> None:
+    def start(self, term: Term, hooks: LeaderHooks) -> None:
         """Add this term's jobs; refill runs at once."""
+        ctx = LeaderContext(term, self._db, self._config, self._metrics, hooks, self._now_ms)
         self._ctx = ctx
         ctx.wake_refill = self.wake_refill
+        suffix = f"-{term.token.generation}-{term.token.epoch}"
+        refill_id, sampling_id, retention_id = (
+            REFILL_JOB + suffix,
+            SAMPLING_JOB + suffix,
+            RETENTION_JOB + suffix,
+        )
+        self._job_ids = (refill_id, sampling_id, retention_id)
         pool = ctx.config.pool
         common: dict[str, Any] = {"max_instances": 1, "coalesce": True, "replace_existing": True}
         now = datetime.now(UTC)
@@ -52,7 +83,7 @@ class LeaderJobs:
             refill.run,
             "interval",
             args=[ctx],
-            id=REFILL_JOB,
+            id=refill_id,
             seconds=pool.refill_interval_s,
             next_run_time=now,
             **common,
@@ -61,7 +92,7 @@ class LeaderJobs:
             sampling.run,
             "interval",
             args=[ctx],
-            id=SAMPLING_JOB,
+            id=sampling_id,
             seconds=pool.sample_interval_s,
             next_run_time=now,
             **common,
@@ -70,16 +101,17 @@ class LeaderJobs:
             retention.run,
             "interval",
             args=[ctx],
-            id=RETENTION_JOB,
+            id=retention_id,
             seconds=min(RETENTION_INTERVAL_S, pool.retention_s),
             **common,
         )
 
     def stop(self, timeout_s: float) -> bool:
         """Remove the jobs, then wait for the one in flight; False if it outlived the wait."""
-        for job_id in (REFILL_JOB, SAMPLING_JOB, RETENTION_JOB):
+        for job_id in self._job_ids:
             if self._scheduler.get_job(job_id) is not None:
                 self._scheduler.remove_job(job_id)
+        self._job_ids = ()
         ctx, self._ctx = self._ctx, None
         if ctx is None:
             return True
@@ -89,11 +121,14 @@ class LeaderJobs:
         return False
 
     def wake_refill(self) -> None:
-        job = self._scheduler.get_job(REFILL_JOB)
+        if not self._job_ids:
+            return
+        job = self._scheduler.get_job(self._job_ids[0])
         if job is not None:
             job.modify(next_run_time=datetime.now(UTC))
 
     def _on_error(self, event: JobExecutionEvent) -> None:
         if self._ctx is not None:
-            self._ctx.metrics.job_errors.labels(task=event.job_id).inc()
+            task = event.job_id.split("-", 1)[0]
+            self._ctx.metrics.job_errors.labels(task=task).inc()
         log.error("event=job_failed job=%s error=%r", event.job_id, event.exception)

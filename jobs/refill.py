@@ -7,10 +7,23 @@ Rules:
 - Blocks come from :func:`allocator.cutter.plan_blocks` (strictly after the mark, never ahead
   of the clock) and are written in batches, one statement each (``cut_blocks`` takes
   arrays); a run is bounded in time so leadership checks and other jobs are never starved.
-- Clock behind the mark by more than ``pool.max_clock_behind_ms``: refuse, set the alert
-  gauge, log ``clock_behind``, keep serving the pool. Past the layout's time range: refuse,
-  set ``allocator_time_range_exhausted``, log loudly.
-- Stranded blocks are requeued (fenced) on every run.
+- The database clock is the reference (DESIGN §11): every run first compares the node's
+  clock with the database's; while they differ by more than ``pool.max_clock_skew_ms`` the
+  run cuts nothing (``allocator_clock_skew_alert``, ``clock_disagrees``), and the node hands
+  over if a contender would do better. A cut the database still rejects as ahead of its
+  clock (AL105) counts as a disagreement too.
+- A mark ahead of the clock (``pool_status.mark_ahead_ms`` > ``pool.max_clock_behind_ms``):
+  cut densely straight after it, no further ahead than the database allows
+  (``max(pool.max_clock_ahead_ms, the mark's lead at its cut) - pool.max_clock_skew_ms``,
+  the skew being what our clock may differ by), and export the lead
+  (``allocator_mark_ahead_seconds``). Real time catches up at the rate the pool leaves
+  unused; the cluster never stalls on such a mark.
+- Clock behind the mark without that allowance (no layout recorded yet): refuse, set the
+  alert gauge, log ``clock_behind``, keep serving the pool. Past the layout's time range:
+  refuse, set ``allocator_time_range_exhausted``, log loudly. Another layout in the database
+  (AL104): fatal, the node stops (exit 78).
+- Stranded blocks are requeued (fenced) on every run; every committed write is reported to
+  the node's health record.
 """
 
 from __future__ import annotations
@@ -23,9 +36,11 @@ from allocator import cutter
 from allocator.config import PoolConfig
 from allocator.errors import (
     BehindHighWaterError,
+    ClockAheadError,
     ClockBehindError,
     DatabaseUnavailableError,
     FencedError,
+    LayoutMismatchError,
     TimeRangeExhaustedError,
     WriteAbandonedError,
 )
@@ -53,10 +68,16 @@ def run(ctx: LeaderContext) -> int:
             return _refill(ctx)
         except FencedError as exc:
             ctx.metrics.fenced_writes_rejected.inc()
-            ctx.on_fenced(exc)
+            ctx.hooks.on_fenced(exc)
         except WriteAbandonedError:
             ctx.metrics.writes_abandoned.inc()
             log.warning("event=write_abandoned job=refill epoch=%s", ctx.term.epoch)
+        except ClockAheadError as exc:
+            ctx.hooks.health.clock_checked(False)
+            ctx.metrics.clock_skew.set(1)
+            log.error("event=cut_rejected_clock_ahead epoch=%s error=%s", ctx.term.epoch, exc)
+        except LayoutMismatchError as exc:
+            ctx.hooks.on_fatal(exc)
         except (DatabaseUnavailableError, BehindHighWaterError) as exc:
             log.warning("event=refill_failed epoch=%s error=%s", ctx.term.epoch, exc)
         return 0
@@ -69,8 +90,15 @@ def _refill(ctx: LeaderContext) -> int:
     ctx.metrics.pool_available_blocks.set(status.available_blocks)
     if status.runway_s is not None:
         ctx.metrics.pool_runway_seconds.set(status.runway_s)
-    db.requeue_stranded(term.epoch, commit_if=term.may_write)
+    db.requeue_stranded(term.token, commit_if=term.may_write)
+    ctx.hooks.health.write_succeeded()
+    ahead_ms = max(0, status.mark_ahead_ms or 0)
+    ctx.metrics.mark_ahead_seconds.set(ahead_ms / 1000)
     need = pool_target(config.pool, status.claim_rate_blocks_per_s) - status.available_blocks
+    if not _clock_agrees(ctx) or need <= 0:
+        ctx.metrics.refill_seconds.observe(time.monotonic() - started)
+        return 0
+    lead_ms = status.mark_lead_ms
     mark, cut = status.high_water_id, 0
     batch: list[tuple[int, int]] = []
     batch_started = time.monotonic()
@@ -85,6 +113,7 @@ def _refill(ctx: LeaderContext) -> int:
                 ctx.now_ms(),
                 min(need - len(batch), MAX_BATCH_BLOCKS - len(batch)),
                 config.pool.max_clock_behind_ms,
+                _allowance(config.pool, lead_ms),
             )
         except ClockBehindError as exc:
             ctx.metrics.clock_behind.set(1)
@@ -100,7 +129,8 @@ def _refill(ctx: LeaderContext) -> int:
             mark = plan.last_id
         full = len(batch) >= MAX_BATCH_BLOCKS or len(batch) >= need
         if batch and (full or time.monotonic() - batch_started >= FLUSH_AFTER_S):
-            cut += _write(ctx, batch)
+            written, lead_ms = _write(ctx, batch)
+            cut += written
             need -= len(batch)
             batch, batch_started = [], time.monotonic()
         if time.monotonic() - started >= RUN_BUDGET_S:
@@ -108,18 +138,46 @@ def _refill(ctx: LeaderContext) -> int:
         if plan.wait_until_ms is not None:
             _sleep_until_ms(ctx, plan.wait_until_ms)
     if batch and term.may_write():
-        cut += _write(ctx, batch)
+        cut += _write(ctx, batch)[0]
     if cut:
         log.info("event=refill epoch=%s blocks=%s high_water_id=%s", term.epoch, cut, mark)
     ctx.metrics.refill_seconds.observe(time.monotonic() - started)
     return cut
 
 
-def _write(ctx: LeaderContext, batch: list[tuple[int, int]]) -> int:
-    ctx.db.cut_blocks(ctx.term.epoch, batch, commit_if=ctx.term.may_write)
+def _clock_agrees(ctx: LeaderContext) -> bool:
+    """Compare our clock with the database's (one round trip); False: do not cut now."""
+    bound = ctx.config.pool.max_clock_skew_ms
+    reading = ctx.db.read_clock(ctx.now_ms)
+    agrees = not reading.disagrees(bound)
+    ctx.hooks.health.clock_checked(agrees)
+    ctx.metrics.clock_offset_ms.set(reading.offset_ms)
+    ctx.metrics.clock_skew.set(0 if agrees else 1)
+    if not agrees:
+        log.error(
+            "event=clock_disagrees epoch=%s offset_ms=%.0f bound_ms=%d: not cutting",
+            ctx.term.epoch,
+            reading.offset_ms,
+            bound,
+        )
+    return agrees
+
+
+def _allowance(pool: PoolConfig, lead_ms: int | None) -> int | None:
+    """How far ahead of our clock a cut after a mark in the future may go (see module rules);
+    None before the database has recorded a layout (it cannot judge a lead then)."""
+    if lead_ms is None:
+        return None
+    return max(0, max(pool.max_clock_ahead_ms, lead_ms) - pool.max_clock_skew_ms)
+
+
+def _write(ctx: LeaderContext, batch: list[tuple[int, int]]) -> tuple[int, int]:
+    """Cut one batch; (blocks written, the new mark's lead over the database clock)."""
+    result = ctx.db.cut_blocks(ctx.term.token, batch, commit_if=ctx.term.may_write)
+    ctx.hooks.health.write_succeeded()
     ctx.metrics.blocks_cut.inc(len(batch))
     ctx.metrics.ids_cut.inc(sum(last - first + 1 for first, last in batch))
-    return len(batch)
+    return len(batch), result.lead_ms
 
 
 def _sleep_until_ms(ctx: LeaderContext, wall_ms: int) -> None:

@@ -5,11 +5,15 @@ here); ``--check`` validates, prints the effective config with secrets masked an
 SIGTERM and SIGINT stop the node gracefully (a leader hands over at once). The process exit
 code is the node's: 0 stopped, 3 session lost, 4 fenced (see ``allocator.node``).
 
+This is the composition root (DESIGN §1): the only module that knows both the allocator core
+and the ``jobs`` package. :func:`build_node` wires a node from a config; tests that need a
+deliberately broken node build their own collaborators through the same seams
+(``tests/chaos``), never through a switch in the product.
+
 Test hooks, for the chaos tests (tests/chaos) only: ignored unless set, each logged as a
 WARNING ``event=test_hook_enabled`` at start. ``ALLOCATOR_TEST_CLOCK_OFFSET_MS=<int>`` shifts
 the node's clock by that many milliseconds (negative: behind); ``ALLOCATOR_TEST_EXPOSE_SESSION=1``
-adds the ZooKeeper session password to ``/status``; ``ALLOCATOR_TEST_UNSAFE_NO_FENCE=1``
-makes the node an unfenced dual master (see ``allocator.node``). Never set them in production.
+adds the ZooKeeper session password to ``/status``. Never set them in production.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -29,12 +34,15 @@ from allocator import config as config_mod
 from allocator import logs
 from allocator.errors import UsageError
 
+if TYPE_CHECKING:
+    from allocator.config import Config
+    from allocator.node import Node
+
 log = logging.getLogger(__name__)
 
 # -- test hooks (tests/chaos only) --------------------------------------------------------
 TEST_CLOCK_OFFSET_ENV = "ALLOCATOR_TEST_CLOCK_OFFSET_MS"
 TEST_EXPOSE_SESSION_ENV = "ALLOCATOR_TEST_EXPOSE_SESSION"
-TEST_UNSAFE_NO_FENCE_ENV = "ALLOCATOR_TEST_UNSAFE_NO_FENCE"
 
 
 def _test_flag(environ: Mapping[str, str], name: str) -> bool:
@@ -62,6 +70,80 @@ def _test_clock(environ: Mapping[str, str], clock: Callable[[], int]) -> Callabl
     return lambda: clock() + offset_ms
 
 
+def zookeeper_factory(config: Config) -> Callable[[], Any]:
+    """Builds a fresh kazoo client for the node's cluster (one per session, see the node)."""
+    from kazoo.client import KazooClient
+    from kazoo.retry import KazooRetry
+
+    zk = config.zookeeper
+
+    def make() -> Any:
+        auth = zk.auth.get_secret_value()
+        return KazooClient(
+            hosts=zk.hosts,
+            timeout=zk.session_timeout_ms / 1000,
+            connection_retry=KazooRetry(
+                max_tries=-1,
+                delay=0.1,
+                backoff=2,
+                max_jitter=0.4,
+                max_delay=zk.max_reconnect_delay_s,
+            ),
+            command_retry=KazooRetry(max_tries=3, delay=0.1, backoff=2, max_delay=1.0),
+            auth_data=[("digest", auth)] if auth else None,
+        )
+
+    return make
+
+
+def build_node(
+    config: Config,
+    *,
+    now_ms: Callable[[], int] | None = None,
+    expose_session_password: bool = False,
+    store: Any = None,
+    term_factory: Any = None,
+) -> Node:
+    """A node wired with the real collaborators; ``store`` / ``term_factory`` replace the
+    database access and the term (tests build broken variants this way, in ``tests/``)."""
+    from allocator.db import NodeDatabase
+    from allocator.leadership import Term
+    from allocator.metrics import NodeMetrics
+    from allocator.node import Node, wall_clock_ms
+    from jobs.leader import LeaderJobs
+
+    clock = now_ms or wall_clock_ms
+    metrics = NodeMetrics()
+    database = store or NodeDatabase(
+        config.postgres,
+        node_name=config.node.resolved_name(),
+        layout=config.layout,
+        datacenter_id=config.cluster.datacenter_id,
+        max_clock_ahead_ms=config.pool.max_clock_ahead_ms,
+    )
+    return Node(
+        config,
+        store=database,
+        zookeeper=zookeeper_factory(config),
+        jobs=LeaderJobs(database, config, metrics, clock),
+        metrics=metrics,
+        now_ms=clock,
+        term_factory=term_factory or Term,
+        expose_session_password=expose_session_password,
+    )
+
+
+def serve(node: Node) -> None:
+    """Run ``node`` with SIGTERM/SIGINT stopping it gracefully; exits with its code."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        node.request_stop(signal.Signals(signum).name.lower())
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    sys.exit(node.run())
+
+
 @click.command("run")
 @click.option("--name", help="Instance name (node.name); default <hostname>-<pid>.")
 @click.option("--admin-address", help="host:port of the admin HTTP server (node.admin_address).")
@@ -85,6 +167,31 @@ def run(
     set_pairs: tuple[str, ...],
 ) -> None:
     """Run an allocator node: join the election, and cut blocks while leading."""
+    config = load(name, admin_address, on_session_loss, log_format, config_path, set_pairs)
+    if check:
+        click.echo(json.dumps(config.masked_dict(), indent=2, default=str))
+        return
+    from allocator.node import wall_clock_ms
+
+    logs.configure(config.node.log_format)
+    serve(
+        build_node(
+            config,
+            now_ms=_test_clock(os.environ, wall_clock_ms),
+            expose_session_password=_test_flag(os.environ, TEST_EXPOSE_SESSION_ENV),
+        )
+    )
+
+
+def load(
+    name: str | None,
+    admin_address: str | None,
+    on_session_loss: str | None,
+    log_format: str | None,
+    config_path: Path | None,
+    set_pairs: tuple[str, ...],
+) -> Config:
+    """The effective config of ``allocator run``'s options."""
     flags = {
         key: value
         for key, value in {
@@ -95,24 +202,4 @@ def run(
         }.items()
         if value is not None
     }
-    config = config_mod.load_from_options(config_path, set_pairs, flags)
-    if check:
-        click.echo(json.dumps(config.masked_dict(), indent=2, default=str))
-        return
-    from allocator.node import Node  # kazoo, psycopg, APScheduler: only for a real node
-    from jobs.context import wall_clock_ms
-
-    logs.configure(config.node.log_format)
-    node = Node(
-        config,
-        now_ms=_test_clock(os.environ, wall_clock_ms),
-        expose_session_password=_test_flag(os.environ, TEST_EXPOSE_SESSION_ENV),
-        unsafe_no_fence=_test_flag(os.environ, TEST_UNSAFE_NO_FENCE_ENV),
-    )
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        node.request_stop(signal.Signals(signum).name.lower())
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    sys.exit(node.run())
+    return config_mod.load_from_options(config_path, set_pairs, flags)

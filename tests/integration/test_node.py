@@ -17,11 +17,12 @@ from typing import Any
 import psycopg
 import pytest
 
+from allocator.commands.run import build_node
 from allocator.config import Config, load_config
 from allocator.node import EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node
 from jobs.context import wall_clock_ms
 from tests.fixtures import zk
-from tests.fixtures.pg import claim
+from tests.fixtures.pg import claim, take_fence
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +75,7 @@ def make_node(db_url: str, zk_hosts: str) -> Iterator[Callable[..., RunningNode]
             **overrides,
         }
         config: Config = load_config(None, settings, env={})
-        node = RunningNode(Node(config, now_ms=now_ms))
+        node = RunningNode(build_node(config, now_ms=now_ms))
         running.append(node)
         return node
 
@@ -180,7 +181,7 @@ def test_leader_fenced_by_a_newer_epoch_exits(
     epoch = fence(db_url)[0]
     with psycopg.connect(db_url, autocommit=True) as conn:
         # someone else takes the fence (as a newer leader would) ...
-        conn.execute("SELECT allocator.take_fence(%s, 'usurper', 'h', 1)", (epoch + 1000,))
+        take_fence(conn, epoch + 1000, holder="usurper")
         claim(conn, "app", 35)  # ... and the pool runs low, so `a` tries to write
     leader.thread.join(DEADLINE_S)
     assert leader.exit_code == EXIT_FENCED
@@ -189,19 +190,41 @@ def test_leader_fenced_by_a_newer_epoch_exits(
     assert (registry.get_sample_value("allocator_fenced_writes_rejected_total") or 0) >= 1
 
 
-def test_leader_with_a_clock_behind_the_mark_refuses_and_the_pool_keeps_serving(
-    make_node: Callable[..., RunningNode], db_url: str
+@pytest.mark.parametrize("skew_ms", [-60_000, 3_600_000])
+def test_leader_whose_clock_disagrees_cuts_nothing_and_hands_over_only_to_a_fit_contender(
+    make_node: Callable[..., RunningNode], db_url: str, skew_ms: int
 ) -> None:
+    """DESIGN §11: a clock a minute behind or an hour ahead of the database's. The skewed
+    leader takes the fence but cuts nothing; alone, it keeps leading (handover withheld, the
+    pool serves); once a node with a good clock queues, it hands over to it."""
     first = make_node("a")
     wait_for(lambda: available(db_url) >= 40, "the pool to fill")
     assert first.stop() == EXIT_OK
     mark_before = ledger(db_url)[-1][2]
-    behind = make_node("late", now_ms=lambda: wall_clock_ms() - 60_000)
-    wait_for(lambda: fence(db_url)[1] == "late", "the late node to lead")
+    skewed = make_node(
+        "skewed",
+        now_ms=lambda: wall_clock_ms() + skew_ms,
+        **{"leader.clock_skew_handover_s": 1.0},
+    )
+    wait_for(lambda: fence(db_url)[1] == "skewed", "the skewed node to lead")
+    metrics = skewed.node.metrics.registry
+    wait_for(lambda: metrics.get_sample_value("allocator_clock_skew_alert") == 1, "the alert")
+    wait_for(
+        lambda: metrics.get_sample_value("allocator_handover_withheld") == 1,
+        "the handover to be withheld: nobody would do better",
+    )
     with psycopg.connect(db_url, autocommit=True) as conn:
         assert len(claim(conn, "app", 10)) == 10  # the pool still serves
-    wait_for(lambda: behind.node.metrics.clock_behind._value.get() == 1, "the clock-behind alert")
-    assert ledger(db_url)[-1][2] == mark_before  # nothing cut behind the mark
+    assert ledger(db_url)[-1][2] == mark_before  # nothing cut
+    assert skewed.node.snapshot()["clock_agrees"] is False
+    make_node("good")
+    wait_for(lambda: fence(db_url)[1] == "good", "the good node to take over")
+    wait_for(lambda: ledger(db_url)[-1][2] > mark_before, "the good node to cut")
+    with psycopg.connect(db_url) as conn:
+        reasons = conn.execute(
+            "SELECT holder, end_reason FROM allocator.leader_history ORDER BY elected_at"
+        ).fetchall()
+    assert ("skewed", "clock_skew") in reasons
 
 
 def test_step_down_hands_over_at_once_and_rejoins_at_the_back(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from kazoo.protocol.states import KazooState
 
+from allocator.fence import Token
 from allocator.leadership import SessionGuard, Term
 
 
@@ -24,7 +25,7 @@ def connected_guard(timeout_s: float = 10.0) -> tuple[SessionGuard, FakeClock]:
 
 def test_term_may_write_only_when_active_and_connected() -> None:
     guard, _ = connected_guard()
-    term = Term(epoch=7, guard=guard)
+    term = Term(token=Token(0, 7), guard=guard)
     assert not term.may_write()  # not before the fence is taken
     term.activate()
     assert term.may_write()
@@ -32,7 +33,7 @@ def test_term_may_write_only_when_active_and_connected() -> None:
 
 def test_suspension_withdraws_trust_at_once_and_reconnect_restores_session_only() -> None:
     guard, _ = connected_guard()
-    term = Term(epoch=7, guard=guard)
+    term = Term(token=Token(0, 7), guard=guard)
     term.activate()
     guard(KazooState.SUSPENDED)
     assert not term.may_write()
@@ -58,7 +59,7 @@ def test_own_timer_declares_loss_after_a_whole_session_timeout() -> None:
 
 def test_kazoo_lost_is_final_until_reset() -> None:
     guard, _ = connected_guard()
-    term = Term(epoch=1, guard=guard)
+    term = Term(token=Token(0, 1), guard=guard)
     term.activate()
     guard(KazooState.LOST)
     assert guard.lost
@@ -70,7 +71,7 @@ def test_kazoo_lost_is_final_until_reset() -> None:
 
 def test_an_ended_term_never_writes_again() -> None:
     guard, _ = connected_guard()
-    term = Term(epoch=3, guard=guard)
+    term = Term(token=Token(0, 3), guard=guard)
     term.activate()
     term.end("fenced")
     term.activate()

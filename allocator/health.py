@@ -1,0 +1,112 @@
+"""What a node knows about its own fitness to lead: database reachability and its clock.
+
+Rules (DESIGN §11):
+
+- Every node probes the database every ``leader.probe_interval_s`` (one round trip reading
+  the database clock, bounded by the connection's keepalives and ``tcp_user_timeout``) and
+  records whether it reached it and whether its clock agrees within
+  ``pool.max_clock_skew_ms``. The node advertises both in its election znode, so a leader
+  that must hand over can see who would do better.
+- A leader also records the outcome of every fenced write its jobs make. It should hand over
+  when its clock has disagreed for ``leader.clock_skew_handover_s``, or when none of its
+  writes has succeeded for ``leader.db_unreachable_s`` (counted from the start of the term,
+  so a term that never writes is not judged by an older success).
+- Handing over is only worth it to a contender that advertises both a reachable database
+  and an agreeing clock; without one the leader keeps leading (serving the pool, cutting
+  nothing it may not cut) and says so. So a database that is down for everyone, or a
+  database clock that is wrong for everyone, never makes leadership churn.
+- Thread-safe: the probe thread, the jobs and the leader loop all touch it. Times are
+  monotonic seconds from the clock given at construction (a fake in unit tests).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+CLOCK_SKEW = "clock_skew"
+DB_UNREACHABLE = "db_unreachable"
+
+
+@dataclass(frozen=True)
+class Advert:
+    """What a contender publishes about itself; None means "not known yet"."""
+
+    db_ok: bool | None
+    clock_ok: bool | None
+
+    @property
+    def fit(self) -> bool:
+        return bool(self.db_ok and self.clock_ok)
+
+
+class NodeHealth:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._db_ok: bool | None = None
+        self._clock_ok: bool | None = None
+        self._clock_bad_since: float | None = None
+        self._term_started: float | None = None
+        self._last_write_ok: float | None = None
+        self.offset_ms: float | None = None
+
+    # -- the probe ---------------------------------------------------------------------
+
+    def probed(self, offset_ms: float | None, clock_ok: bool | None) -> None:
+        """One probe's result: ``offset_ms`` None when the database did not answer."""
+        with self._lock:
+            self._db_ok = offset_ms is not None
+            self.offset_ms = offset_ms
+            if clock_ok is not None:
+                self._set_clock_ok(clock_ok)
+
+    def clock_checked(self, ok: bool) -> None:
+        """A clock comparison made elsewhere (the refill, a rejected cut)."""
+        with self._lock:
+            self._set_clock_ok(ok)
+
+    def _set_clock_ok(self, ok: bool) -> None:
+        self._clock_ok = ok
+        if ok:
+            self._clock_bad_since = None
+        elif self._clock_bad_since is None:
+            self._clock_bad_since = self._clock()
+
+    def advert(self) -> Advert:
+        with self._lock:
+            return Advert(db_ok=self._db_ok, clock_ok=self._clock_ok)
+
+    # -- the leader's writes -------------------------------------------------------------
+
+    def term_started(self) -> None:
+        with self._lock:
+            self._term_started = self._clock()
+            self._last_write_ok = None
+
+    def term_ended(self) -> None:
+        with self._lock:
+            self._term_started = None
+            self._last_write_ok = None
+
+    def write_succeeded(self) -> None:
+        with self._lock:
+            self._last_write_ok = self._clock()
+
+    # -- the verdict ---------------------------------------------------------------------
+
+    def handover_reason(self, clock_skew_handover_s: float, db_unreachable_s: float) -> str | None:
+        """Why this leader should hand over now, or None."""
+        with self._lock:
+            now = self._clock()
+            if self._clock_bad_since is not None and now - self._clock_bad_since >= (
+                clock_skew_handover_s
+            ):
+                return CLOCK_SKEW
+            if self._term_started is not None:
+                since = self._last_write_ok or self._term_started
+                if now - since >= db_unreachable_s:
+                    return DB_UNREACHABLE
+            return None

@@ -1,0 +1,64 @@
+"""The seams of a node: what :class:`~allocator.node.Node` needs from its collaborators.
+
+Rules: the node receives every collaborator from its caller (the composition root
+:mod:`allocator.commands.run` for a real node; fakes in ``tests/unit``). These protocols
+name exactly what the node calls, nothing more, so a fake stays small. The allocator core
+never imports ``jobs``: the leader's jobs come in through :class:`LeaderJobsPort`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from allocator.db import ClockReading, FenceState, Takeover
+from allocator.errors import AllocatorError, FencedError
+from allocator.fence import Token
+from allocator.health import NodeHealth
+from allocator.leadership import Term
+
+
+class NodeStore(Protocol):
+    """The node's own use of PostgreSQL (:class:`allocator.db.NodeDatabase` is the real one)."""
+
+    def open(self, timeout: float | None = None) -> None: ...
+
+    def close(self, timeout: float = 5.0) -> None: ...
+
+    def take_fence(self, token: Token, holder: str, host: str, pid: int) -> Takeover: ...
+
+    def end_term(self, token: Token, reason: str) -> bool: ...
+
+    def fence(self) -> FenceState: ...
+
+    def read_clock(self, now_ms: Callable[[], float]) -> ClockReading: ...
+
+
+@dataclass(frozen=True)
+class LeaderHooks:
+    """How the leader's jobs report back to the node."""
+
+    health: NodeHealth
+    on_fenced: Callable[[FencedError], None]
+    """A write was rejected as fenced: the term is over."""
+    on_fatal: Callable[[AllocatorError], None]
+    """A write was refused for a reason no retry can fix (another layout): stop the node."""
+
+
+class LeaderJobsPort(Protocol):
+    """The leader-only scheduled jobs (:class:`jobs.leader.LeaderJobs` is the real one)."""
+
+    def start_scheduler(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def start(self, term: Term, hooks: LeaderHooks) -> None:
+        """Begin this term's jobs; the term's token is ``term.token``."""
+
+    def stop(self, timeout_s: float) -> bool:
+        """End the current term's jobs; False if one in flight outlived ``timeout_s``."""
+
+
+ZooKeeperFactory = Callable[[], Any]
+"""Builds a new, unstarted kazoo ``KazooClient`` (or a fake with the same calls)."""
