@@ -116,7 +116,7 @@ high-water row, so block_id order is cutting order)."""
 CHECK_STALE_EPOCHS: Final = (
     "SELECT count(*), (array_agg(b.block_id ORDER BY b.block_id))[1:5]"
     " FROM allocator.block_ledger b"
-    " LEFT JOIN allocator.leader_history t ON t.epoch = b.epoch"
+    " LEFT JOIN allocator.leader_history t ON (t.generation, t.epoch) = (b.generation, b.epoch)"
     " WHERE t.epoch IS NULL OR b.cut_at < t.elected_at OR b.cut_at > t.ended_at"
 )
 """I3: blocks cut by an epoch that was not holding the fence at the time."""

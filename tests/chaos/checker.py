@@ -13,19 +13,22 @@ Rules, one per invariant (the ``invariant`` field of a :class:`Violation`):
   a consumer received is not recorded in the ledger as claimed by another consumer.
 - I2 cut order: in ``block_id`` order (the order blocks were inserted, i.e. cut), every
   block starts strictly after the last ID of every earlier block.
-- I3 fencing: every block's epoch is a term in the leader history, and its ``cut_at``
-  (the cutting statement's start, PostgreSQL's clock) lies in ``[elected_at, ended_at)`` of
-  that term: no committed write by a stale epoch. The history itself never has two terms at
-  once, and epochs grow with ``elected_at`` (the fence only moves forward). All three are
-  statement start times; the fence row lock orders a cut and a takeover, so a cut that
-  began after the takeover's statement is one that found the new epoch (AL100) — only a
-  cut slipping in the microseconds between ``take_fence``'s start and its lock would be
-  reported although the fence allowed it, a case the chaos runs have never produced.
+- I3 fencing: every block's token ``(generation, epoch)`` is a term in the leader history,
+  and its ``cut_at`` lies in ``[elected_at, ended_at)`` of that term: no committed write by
+  a stale token. Since migration 0003 these are exact: ``cut_at`` is the database clock
+  after the cut holds the fence row, ``elected_at`` the clock once the takeover holds it
+  (so every write of the old token committed before it). The same holds for the other
+  fenced writes (requeues and prunes, ``allocator.fenced_writes``). And by order, whatever
+  the clocks: in cut (``block_id``) order, and in write order, tokens never decrease. The
+  history itself never has two terms at once, and tokens grow with ``elected_at``.
 - I4 durability: every range a consumer received is in the ledger, with the same bounds,
   claimed by that consumer.
 - I5 time: the decoded timestamps of first IDs never go backwards in cut order, and none is
   past the layout's end. (Every ID in ``0..2^63-1`` decodes to a millisecond at or before
-  ``layout.ends_at_ms``, so "past the end" means an ID outside that range.)
+  ``layout.ends_at_ms``, so "past the end" means an ID outside that range.) And the clock
+  rule of DESIGN §11: no block's last ID carries a millisecond past its ``cut_at`` (the
+  database clock) plus ``max(max_clock_ahead_ms, the lead of the block cut before it)``;
+  the first block in the ledger is judged against ``initial_lead_ms``.
 
 Retention must not prune during a chaos run (its default keeps a day), or I4 would report
 pruned blocks as lost. Claims whose reply was lost (an error after the commit) are in the
@@ -59,6 +62,18 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class WriteRow:
+    """One row of ``allocator.fenced_writes``: a requeue or prune that changed something."""
+
+    write_id: int
+    written_at: datetime
+    kind: str
+    generation: int
+    epoch: int
+    blocks: int
+
+
+@dataclass(frozen=True)
 class LedgerRow:
     """One row of ``allocator.block_ledger``."""
 
@@ -69,6 +84,7 @@ class LedgerRow:
     cut_at: datetime
     claimed_by: str | None
     claimed_at: datetime | None
+    generation: int = 0
 
 
 @dataclass(frozen=True)
@@ -80,6 +96,7 @@ class TermRow:
     elected_at: datetime
     ended_at: datetime | None
     end_reason: str | None
+    generation: int = 0
 
 
 @dataclass(frozen=True)
@@ -97,11 +114,16 @@ def check(
     ledger_rows: Iterable[LedgerRow],
     leader_history: Iterable[TermRow],
     layout: Layout,
+    writes: Iterable[WriteRow] = (),
+    *,
+    max_clock_ahead_ms: int = 1000,
+    initial_lead_ms: int = 0,
 ) -> list[Violation]:
     """Every violation of I1-I5 in one chaos run (see the module rules); [] when clean."""
     claims = list(records)
     ledger = sorted(ledger_rows, key=lambda row: row.block_id)
-    terms = sorted(leader_history, key=lambda term: (term.elected_at, term.epoch))
+    terms = sorted(leader_history, key=lambda term: (term.elected_at, term.generation, term.epoch))
+    fenced = sorted(writes, key=lambda row: row.write_id)
     found: list[Violation] = []
     for rule in (
         _ledger_disjoint(ledger),
@@ -111,7 +133,11 @@ def check(
         _cut_order(ledger),
         _history_consistent(terms),
         _written_by_fence_holder(ledger, terms),
+        _writes_by_fence_holder(fenced, terms),
+        _tokens_in_order("block", [(r.block_id, (r.generation, r.epoch)) for r in ledger]),
+        _tokens_in_order("write", [(w.write_id, (w.generation, w.epoch)) for w in fenced]),
         _timestamps(ledger, layout),
+        _within_clock_bound(ledger, layout, max_clock_ahead_ms, initial_lead_ms),
     ):
         found.extend(itertools.islice(rule, MAX_PER_RULE))
     return found
@@ -221,13 +247,17 @@ def _cut_order(ledger: Sequence[LedgerRow]) -> Iterable[Violation]:
 # -- I3 ---------------------------------------------------------------------------------------
 
 
+def _token(item: TermRow | LedgerRow | WriteRow) -> tuple[int, int]:
+    return (item.generation, item.epoch)
+
+
 def _history_consistent(terms: Sequence[TermRow]) -> Iterable[Violation]:
     for a, b in itertools.pairwise(terms):
-        if b.epoch <= a.epoch:
+        if _token(b) <= _token(a):
             yield Violation(
                 "I3",
-                f"epoch {b.epoch} ({b.holder}) was elected after epoch {a.epoch} ({a.holder}): "
-                "the fence moved backwards",
+                f"token {_token(b)} ({b.holder}) was elected after token {_token(a)} "
+                f"({a.holder}): the fence moved backwards",
             )
         if a.ended_at is None or a.ended_at > b.elected_at:
             ended = "never ended" if a.ended_at is None else f"ended at {a.ended_at.isoformat()}"
@@ -241,9 +271,9 @@ def _history_consistent(terms: Sequence[TermRow]) -> Iterable[Violation]:
 def _written_by_fence_holder(
     ledger: Sequence[LedgerRow], terms: Sequence[TermRow]
 ) -> Iterable[Violation]:
-    by_epoch = {term.epoch: term for term in terms}
+    by_token = {_token(term): term for term in terms}
     for row in ledger:
-        term = by_epoch.get(row.epoch)
+        term = by_token.get(_token(row))
         if term is None:
             yield Violation(
                 "I3",
@@ -265,7 +295,71 @@ def _written_by_fence_holder(
             )
 
 
+def _writes_by_fence_holder(
+    writes: Sequence[WriteRow], terms: Sequence[TermRow]
+) -> Iterable[Violation]:
+    by_token = {_token(term): term for term in terms}
+    for write in writes:
+        term = by_token.get(_token(write))
+        what = f"{write.kind} write {write.write_id} (token {_token(write)})"
+        if term is None:
+            yield Violation("I3", f"{what} carries a token that never held the fence")
+        elif write.written_at < term.elected_at:
+            yield Violation(
+                "I3",
+                f"{what} committed at {write.written_at.isoformat()}, before its term began "
+                f"at {term.elected_at.isoformat()}",
+            )
+        elif term.ended_at is not None and write.written_at >= term.ended_at:
+            yield Violation(
+                "I3",
+                f"{what} committed at {write.written_at.isoformat()}, after its term "
+                f"({term.holder}) ended at {term.ended_at.isoformat()} ({term.end_reason}): "
+                "a stale write committed",
+            )
+
+
+def _tokens_in_order(
+    kind: str, tokens: Sequence[tuple[int, tuple[int, int]]]
+) -> Iterable[Violation]:
+    """In write order, the token never goes back: a smaller one is a stale leader's write."""
+    newest: tuple[int, tuple[int, int]] | None = None
+    for ident, token in tokens:
+        if newest is not None and token < newest[1]:
+            yield Violation(
+                "I3",
+                f"{kind} {ident} carries token {token}, older than token {newest[1]} of "
+                f"{kind} {newest[0]} written before it: a stale write",
+            )
+        if newest is None or token > newest[1]:
+            newest = (ident, token)
+
+
 # -- I5 ---------------------------------------------------------------------------------------
+
+
+def _within_clock_bound(
+    ledger: Sequence[LedgerRow], layout: Layout, max_clock_ahead_ms: int, initial_lead_ms: int
+) -> Iterable[Violation]:
+    """Blocks of one ``cut_blocks`` call share their ``cut_at`` and token; the allowance of a
+    call is the lead of the last block of the call before it (what the database compared)."""
+    lead_ms = initial_lead_ms
+    for _key, group in itertools.groupby(ledger, key=lambda row: (row.cut_at, _token(row))):
+        allowed_ms = max(max_clock_ahead_ms, lead_ms)
+        for row in group:
+            try:
+                block_ms = layout.decode(row.last_id).timestamp_ms
+            except InvalidIdError:
+                continue  # reported by _timestamps
+            cut_ms = int(row.cut_at.timestamp() * 1000)
+            if block_ms - cut_ms > allowed_ms:
+                yield Violation(
+                    "I5",
+                    f"block {row.block_id} carries {block_ms} ms, {block_ms - cut_ms} ms past "
+                    f"the database clock at its cut; at most {allowed_ms} ms allowed: a clock "
+                    "ahead moved the mark",
+                )
+            lead_ms = max(0, block_ms - cut_ms)
 
 
 def _timestamps(ledger: Sequence[LedgerRow], layout: Layout) -> Iterable[Violation]:

@@ -34,6 +34,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -48,15 +49,27 @@ from typing import Any, TypeVar
 import psycopg
 
 from allocator.config import load_config
+from allocator.db import DEFAULT_MAX_CLOCK_AHEAD_MS
 from allocator.layout import Layout
 from allocator.local import nodes as nodes_mod
 from allocator.local.cluster import ClusterInfo, LocalCluster, NodeInfo
 from allocator.local.ports import LOOPBACK, pick_free_ports
 from allocator.local.processes import is_pid_alive, tail
-from tests.chaos.checker import Claim, LedgerRow, TermRow, Violation, check, summary
+from tests.chaos.checker import (
+    Claim,
+    LedgerRow,
+    TermRow,
+    Violation,
+    WriteRow,
+    check,
+    summary,
+)
 from tests.fixtures.cluster import OWNER_FILE, STATE_PREFIX, cluster_pids
 
 T = TypeVar("T")
+
+UNSAFE_NODE_COMMAND = (sys.executable, "-m", "tests.chaos.unsafe_node")
+"""A node without a fence, built in tests/ through the node's seams (checker proof only)."""
 
 SESSION_TIMEOUT_MS = 2000
 SESSION_TIMEOUT_S = SESSION_TIMEOUT_MS / 1000
@@ -273,14 +286,21 @@ class ExtraNode:
     (the supervisor gives every node the same): for per-node test hooks or a proxied
     ZooKeeper. Nobody restarts it; :meth:`stop` (always called by the cluster) ends it."""
 
-    def __init__(self, name: str, env: Mapping[str, str], log_path: Path, cwd: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        env: Mapping[str, str],
+        log_path: Path,
+        cwd: Path,
+        command: Sequence[str] | None = None,
+    ) -> None:
         self.name = name
         self.log_path = log_path
         self.admin_url = f"http://{env['ALLOCATOR_NODE_ADMIN_ADDRESS']}"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with log_path.open("ab") as log:
             self._proc = subprocess.Popen(
-                nodes_mod.default_command(),
+                list(command or nodes_mod.default_command()),
                 env={**nodes_mod.base_env(os.environ), **env},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -436,10 +456,12 @@ class ChaosCluster:
         *,
         zk_hosts: str | None = None,
         database_url: str | None = None,
+        command: Sequence[str] | None = None,
     ) -> ExtraNode:
         """An ``allocator run`` of our own, named ``name``, configured like the supervised
         nodes (same ZooKeeper chroot, node login role) plus ``env``; ``zk_hosts`` and
-        ``database_url`` replace the cluster's (a proxy; the superuser)."""
+        ``database_url`` replace the cluster's (a proxy; the superuser); ``command`` replaces
+        ``allocator run`` (a node built in ``tests/``, see :data:`UNSAFE_NODE_COMMAND`)."""
         info = self.info()
         port = pick_free_ports(1)[0]
         node_env = nodes_mod.node_env(
@@ -452,7 +474,7 @@ class ChaosCluster:
             extra={**self._node_env, **(env or {})},
         )
         log_path = nodes_mod.log_path(self.state_dir, name)
-        extra = ExtraNode(name, node_env, log_path, self.state_dir)
+        extra = ExtraNode(name, node_env, log_path, self.state_dir, command)
         self._extras.append(extra)
         return extra
 
@@ -477,18 +499,27 @@ class ChaosCluster:
     def ledger(self) -> list[LedgerRow]:
         with self._connect() as conn:
             rows = conn.execute(
-                "SELECT block_id, first_id, last_id, epoch, cut_at, claimed_by, claimed_at"
-                " FROM allocator.block_ledger ORDER BY block_id"
+                "SELECT block_id, first_id, last_id, epoch, cut_at, claimed_by, claimed_at,"
+                " generation FROM allocator.block_ledger ORDER BY block_id"
             ).fetchall()
         return [LedgerRow(*row) for row in rows]
 
     def history(self) -> list[TermRow]:
         with self._connect() as conn:
             rows = conn.execute(
-                "SELECT epoch, holder, elected_at, ended_at, end_reason"
-                " FROM allocator.leader_history ORDER BY elected_at, epoch"
+                "SELECT epoch, holder, elected_at, ended_at, end_reason, generation"
+                " FROM allocator.leader_history ORDER BY elected_at, generation, epoch"
             ).fetchall()
         return [TermRow(*row) for row in rows]
+
+    def writes(self) -> list[WriteRow]:
+        """The fenced requeues and prunes that changed something, in write order."""
+        with self._connect() as conn:
+            rows = conn.execute(
+                "SELECT write_id, written_at, kind, generation, epoch, blocks"
+                " FROM allocator.fenced_writes ORDER BY write_id"
+            ).fetchall()
+        return [WriteRow(*row) for row in rows]
 
     def blocks_cut(self, *, epoch: int | None = None, after: datetime | None = None) -> int:
         """Blocks in the ledger (of ``epoch``, cut after ``after``)."""
@@ -553,9 +584,21 @@ class ChaosCluster:
 
     # -- the verdict ---------------------------------------------------------------------------
 
-    def check(self, records: Sequence[Claim]) -> list[Violation]:
-        """The checker over this run: the consumers' records, the ledger and the history."""
-        return check(records, self.ledger(), self.history(), layout())
+    def check(self, records: Sequence[Claim], *, initial_lead_ms: int = 0) -> list[Violation]:
+        """The checker over this run: the consumers' records, the ledger, the history and the
+        fenced writes; the clock bound as the nodes are configured."""
+        max_ahead_ms = int(
+            self._node_env.get("ALLOCATOR_POOL_MAX_CLOCK_AHEAD_MS", DEFAULT_MAX_CLOCK_AHEAD_MS)
+        )
+        return check(
+            records,
+            self.ledger(),
+            self.history(),
+            layout(),
+            self.writes(),
+            max_clock_ahead_ms=max_ahead_ms,
+            initial_lead_ms=initial_lead_ms,
+        )
 
     def assert_clean(self, consumers: Consumers) -> list[Claim]:
         """Stop the consumers, then assert the checker finds nothing; returns the records."""

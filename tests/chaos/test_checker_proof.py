@@ -1,8 +1,9 @@
 """Chaos: the proof that the checker can fail. A leader without the fence must be caught.
 
-Rules: the node under test runs with the test-only switch ``ALLOCATOR_TEST_UNSAFE_NO_FENCE=1``
-(see ``allocator.node``): its ``may_write`` ignores the session and the end of its term,
-and it writes blocks by a plain INSERT as superuser, bypassing ``cut_blocks``' fence. The
+Rules: the node under test is built in tests/ through the node's seams
+(:mod:`tests.chaos.unsafe_node`; the product has no switch for it): its ``may_write``
+ignores the session and the end of its term, and it writes blocks by a plain INSERT as
+superuser, bypassing ``cut_blocks``' fence. The
 scenario is the SIGSTOP one (``test_node_faults``); this time the checker MUST report stale
 writes (I3). If it did not, its silence in every other scenario would prove nothing.
 """
@@ -14,7 +15,15 @@ import signal
 import pytest
 
 from allocator.node import EXIT_SESSION_LOST
-from tests.chaos.harness import ChaosCluster, Consumers, log_events, now_utc, wait_for
+from tests.chaos.harness import (
+    UNSAFE_NODE_COMMAND,
+    ChaosCluster,
+    Consumers,
+    log_events,
+    now_utc,
+    wait_for,
+)
+from tests.chaos.test_clock_skew import LIBFAKETIME, faketime_env
 
 pytestmark = pytest.mark.integration
 
@@ -23,7 +32,6 @@ pytestmark = pytest.mark.integration
 # the pool holds more than 1000, so the stale writes cannot collide with fresh ones.
 CORRECT_NODES_ENV = {"ALLOCATOR_POOL_MAX_BLOCKS": "1000"}
 UNSAFE_ENV = {
-    "ALLOCATOR_TEST_UNSAFE_NO_FENCE": "1",
     "ALLOCATOR_POOL_MIN_BLOCKS": "3000",
     "ALLOCATOR_POOL_MAX_BLOCKS": "3000",
 }
@@ -37,7 +45,9 @@ def test_checker_catches_a_leader_that_writes_without_the_fence() -> None:
     after its term ended), i.e. it catches a dual master. Cost: ~6 s.
     """
     with ChaosCluster(zk=1, nodes=0, node_env=CORRECT_NODES_ENV) as chaos:
-        unsafe = chaos.start_extra_node("unsafe", UNSAFE_ENV, database_url=chaos.database_url)
+        unsafe = chaos.start_extra_node(
+            "unsafe", UNSAFE_ENV, database_url=chaos.database_url, command=UNSAFE_NODE_COMMAND
+        )
         old = chaos.wait_leader()
         assert old.name == "unsafe"
         chaos.wait_pool(2000)
@@ -65,3 +75,27 @@ def test_checker_catches_a_leader_that_writes_without_the_fence() -> None:
         violations = chaos.check(records)
         stale = [v for v in violations if v.invariant == "I3" and "stale write" in v.message]
         assert stale, f"the checker missed the unfenced writes: {violations}"
+
+
+@pytest.mark.skipif(not LIBFAKETIME.exists(), reason="Debian package faketime not installed")
+def test_checker_catches_a_leader_that_moves_the_mark_ahead_of_the_database_clock() -> None:
+    """Breaks: the clock rule. An unfenced node under libfaketime (+1 h) that lies about its
+    clock agreeing cuts blocks an hour ahead, bypassing ``cut_blocks``' check.
+
+    Must hold: the checker reports I5 "past the database clock" (what ``cut_blocks``
+    forbids in the product, DESIGN §11). Cost: ~4 s.
+    """
+    with ChaosCluster(zk=1, nodes=0) as chaos:
+        ahead = chaos.start_extra_node(
+            "ahead",
+            faketime_env("+1h"),
+            database_url=chaos.database_url,
+            command=(*UNSAFE_NODE_COMMAND, "--ignore-clock"),
+        )
+        leader = chaos.wait_leader()
+        assert leader.name == "ahead"
+        wait_for(lambda: chaos.blocks_cut(epoch=leader.epoch), "the skewed node to cut")
+        violations = chaos.check([])
+        ahead.stop()
+    late = [v for v in violations if v.invariant == "I5" and "past the database" in v.message]
+    assert late, f"the checker missed blocks an hour ahead: {violations}"

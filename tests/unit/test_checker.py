@@ -14,7 +14,16 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from allocator.layout import MAX_ID, Layout
-from tests.chaos.checker import MAX_PER_RULE, Claim, LedgerRow, TermRow, Violation, check, summary
+from tests.chaos.checker import (
+    MAX_PER_RULE,
+    Claim,
+    LedgerRow,
+    TermRow,
+    Violation,
+    WriteRow,
+    check,
+    summary,
+)
 
 LAYOUT = Layout()
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -215,3 +224,74 @@ def test_one_broken_rule_is_capped() -> None:
     found = check([], ledger, [], LAYOUT)  # no history: no block's epoch ever held the fence
     assert len(found) == MAX_PER_RULE
     assert kinds(found) == {"I3"}
+
+
+# -- the rules added with the production faults (DESIGN §11) -----------------------------
+
+
+def write(write_id: int, seconds: float, epoch: int, generation: int = 0) -> WriteRow:
+    return WriteRow(write_id, at(seconds), "requeue", generation, epoch, 3)
+
+
+def test_requeue_and_prune_writes_by_their_term_are_clean() -> None:
+    claims, ledger, terms = clean_run()
+    writes = [write(1, 2.5, EPOCH_A), write(2, 6.5, EPOCH_B)]
+    assert check(claims, ledger, terms, LAYOUT, writes) == []
+
+
+def test_a_write_after_its_term_ended_is_a_stale_write() -> None:
+    claims, ledger, terms = clean_run()
+    writes = [write(1, 6.5, EPOCH_B), write(2, 7.0, EPOCH_A)]  # A ended at t=5
+    found = check(claims, ledger, terms, LAYOUT, writes)
+    messages = [v.message for v in found if v.invariant == "I3"]
+    assert any("requeue write 2" in m and "stale write committed" in m for m in messages)
+    assert any("write 2 carries token" in m and "older than token" in m for m in messages)
+
+
+def test_a_write_with_a_token_that_never_held_the_fence_is_caught() -> None:
+    claims, ledger, terms = clean_run()
+    found = check(claims, ledger, terms, LAYOUT, [write(1, 2.5, EPOCH_A, generation=7)])
+    assert any("never held the fence" in v.message for v in found if v.invariant == "I3")
+
+
+def test_a_block_of_an_older_token_cut_after_a_newer_one_is_caught_by_order() -> None:
+    claims, ledger, terms = clean_run()
+    ledger[6] = dataclasses.replace(ledger[6], epoch=EPOCH_A)  # block 7, cut in B's term
+    found = check(claims, ledger, terms, LAYOUT)
+    assert any("block 7 carries token" in v.message for v in found if v.invariant == "I3")
+
+
+def test_blocks_of_another_generation_never_held_the_fence() -> None:
+    claims, ledger, terms = clean_run()
+    terms = [dataclasses.replace(term, generation=1) for term in terms]
+    found = check(claims, ledger, terms, LAYOUT)
+    assert sum("never held the fence" in v.message for v in found) == len(ledger)
+
+
+def ahead(row: LedgerRow, lead_ms: int) -> LedgerRow:
+    """The same cut, but the block carries a millisecond ``lead_ms`` later (same lane)."""
+    shift = lead_ms << (LAYOUT.datacenter_bits + LAYOUT.lane_bits + LAYOUT.sequence_bits)
+    return dataclasses.replace(row, first_id=row.first_id + shift, last_id=row.last_id + shift)
+
+
+def test_a_block_further_ahead_of_the_database_clock_than_allowed_is_caught() -> None:
+    _claims, ledger, terms = clean_run()
+    claims: list[Claim] = []  # the moved block no longer matches what consumers got
+    ledger[2:] = [ahead(row, 1500) for row in ledger[2:]]  # from block 3 on: 1.5 s ahead
+    found = check(claims, ledger, terms, LAYOUT, max_clock_ahead_ms=1000)
+    assert [v.invariant for v in found] == ["I5"]  # block 4 keeps the lead block 3 had
+    assert "block 3" in found[0].message
+    assert "past the database clock" in found[0].message
+    assert check(claims, ledger, terms, LAYOUT, max_clock_ahead_ms=2000) == []
+
+
+def test_a_mark_already_ahead_may_keep_its_lead_but_never_grow_it() -> None:
+    _claims, ledger, terms = clean_run()
+    claims: list[Claim] = []
+    kept = [ahead(row, 3_600_000) for row in ledger]  # an hour ahead throughout
+    assert check(claims, kept, terms, LAYOUT, initial_lead_ms=3_600_000) == []
+    grown = [*kept[:4], *(ahead(row, 3_700_000) for row in ledger[4:])]
+    found = check(claims, grown, terms, LAYOUT, initial_lead_ms=3_600_000)
+    assert [(v.invariant, "block 5" in v.message) for v in found] == [("I5", True)]
+    # Without the initial lead the first such block is already a violation.
+    assert check(claims, kept, terms, LAYOUT)[0].invariant == "I5"

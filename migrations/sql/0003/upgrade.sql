@@ -184,7 +184,8 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
 DECLARE
-    prev allocator.fence%ROWTYPE;
+    prev       allocator.fence%ROWTYPE;
+    locked_at  timestamptz;
 BEGIN
     IF p_generation IS NULL OR p_generation < 0 OR p_epoch IS NULL OR p_epoch <= 0
        OR p_holder IS NULL OR length(p_holder) = 0 THEN
@@ -193,6 +194,11 @@ BEGIN
     END IF;
     PERFORM allocator.check_layout(p_layout, p_holder);
     SELECT * INTO prev FROM allocator.fence f FOR UPDATE;
+    -- The term begins when the fence row is ours: every write of the previous token held it
+    -- FOR SHARE and committed before this point, every later one fails lock_fence. So a
+    -- block's cut_at (or a write's written_at) lies in exactly one term's
+    -- [elected_at, ended_at): the checker can judge writes by these times.
+    locked_at := clock_timestamp();
     IF (prev.generation, prev.epoch) >= (p_generation, p_epoch) THEN
         RAISE EXCEPTION 'stale takeover: token (%, %) is not newer than the fence (%, %)',
             p_generation, p_epoch, prev.generation, prev.epoch
@@ -201,12 +207,12 @@ BEGIN
     END IF;
     UPDATE allocator.fence f
        SET generation = p_generation, epoch = p_epoch, holder = p_holder, host = p_host,
-           pid = p_pid, taken_at = statement_timestamp();
+           pid = p_pid, taken_at = locked_at;
     UPDATE allocator.leader_terms t
-       SET ended_at = statement_timestamp(), end_reason = 'superseded'
+       SET ended_at = locked_at, end_reason = 'superseded'
      WHERE t.ended_at IS NULL;
-    INSERT INTO allocator.leader_terms (generation, epoch, holder, host, pid)
-    VALUES (p_generation, p_epoch, p_holder, p_host, p_pid);
+    INSERT INTO allocator.leader_terms (generation, epoch, holder, host, pid, elected_at)
+    VALUES (p_generation, p_epoch, p_holder, p_host, p_pid, locked_at);
     RETURN QUERY SELECT h.last_id, prev.generation, prev.epoch FROM allocator.high_water h;
 END
 $fn$;
@@ -219,7 +225,7 @@ SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 AS $fn$
     UPDATE allocator.leader_terms t
-       SET ended_at = statement_timestamp(), end_reason = coalesce(nullif(p_reason, ''), 'ended')
+       SET ended_at = clock_timestamp(), end_reason = coalesce(nullif(p_reason, ''), 'ended')
      WHERE t.generation = p_generation AND t.epoch = p_epoch AND t.ended_at IS NULL
     RETURNING true;
 $fn$;
@@ -431,9 +437,9 @@ BEGIN
     SELECT * INTO prev FROM allocator.fence f FOR UPDATE;
     UPDATE allocator.fence f
        SET generation = prev.generation + 1, epoch = 0, holder = NULL, host = NULL, pid = NULL,
-           taken_at = statement_timestamp();
+           taken_at = clock_timestamp();
     UPDATE allocator.leader_terms t
-       SET ended_at = statement_timestamp(), end_reason = 'rebased'
+       SET ended_at = clock_timestamp(), end_reason = 'rebased'
      WHERE t.ended_at IS NULL;
     INSERT INTO allocator.fence_rebases (rebased_by, old_generation, old_epoch, new_generation, reason)
     VALUES (session_user, prev.generation, prev.epoch, prev.generation + 1, p_reason);

@@ -1,0 +1,131 @@
+"""TEST ONLY: a deliberately broken node, the proof that the chaos checker catches a dual master.
+
+Run as ``python -m tests.chaos.unsafe_node`` with the same ``ALLOCATOR_*`` environment as
+``allocator run``. It is a real node wired by the product's composition root
+(:func:`allocator.commands.run.build_node`) with two collaborators replaced through the
+node's seams, never through a switch in the product (DESIGN §11):
+
+- :class:`UnsafeTerm`: ``may_write`` ignores the session and the end of its term;
+- :class:`UnsafeNodeDatabase`: blocks are written by a plain INSERT (superuser URL needed),
+  bypassing ``cut_blocks``' fence, mark, layout and clock checks; fenced maintenance
+  writes that fail are ignored. With ``--ignore-clock`` it also reports that the node's
+  clock agrees with the database's whatever it says (run it under libfaketime to move the
+  mark ahead: the checker's clock rule must catch it).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Callable, Sequence
+
+from allocator import logs
+from allocator.commands.run import build_node, load, serve
+from allocator.db import ClockReading, CommitCheck, CutResult, NodeDatabase
+from allocator.errors import DatabaseError, FencedError
+from allocator.fence import Token
+from allocator.leadership import Term
+
+log = logging.getLogger("tests.chaos.unsafe_node")
+
+_POSITIONS = (
+    "SELECT h.last_ticket, (SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END"
+    " FROM allocator.claim_ticket s) FROM allocator.high_water h FOR UPDATE"
+)
+_INSERT = (
+    "INSERT INTO allocator.blocks (ticket, first_id, last_id, generation, epoch)"
+    " SELECT %(first_ticket)s + u.o - 1, u.f, u.l, %(generation)s, %(epoch)s"
+    " FROM unnest(%(first_ids)s::bigint[], %(last_ids)s::bigint[]) WITH ORDINALITY AS u(f, l, o)"
+)
+_ADVANCE = (
+    "UPDATE allocator.high_water SET last_id = greatest(last_id, %(last_id)s),"
+    " last_ticket = greatest(last_ticket, %(last_ticket)s), updated_at = statement_timestamp()"
+)
+
+
+class UnsafeTerm(Term):
+    """May always write, whatever the session says and after the term ended."""
+
+    def may_write(self) -> bool:
+        return True
+
+
+class UnsafeNodeDatabase(NodeDatabase):
+    """Block writes by plain INSERT, with no fence and no high-water check."""
+
+    ignore_clock = False
+
+    def read_clock(self, now_ms: Callable[[], float]) -> ClockReading:
+        reading = super().read_clock(now_ms)
+        if self.ignore_clock:  # lie: "the clocks agree"
+            return ClockReading(offset_ms=0.0, uncertainty_ms=0.0, db_ms=reading.db_ms)
+        return reading
+
+    def cut_blocks(
+        self,
+        token: Token,
+        ranges: Sequence[tuple[int, int]],
+        commit_if: CommitCheck | None = None,
+    ) -> CutResult:
+        what = "cut blocks (UNSAFE: unfenced test node)"
+        log.warning(
+            "event=unsafe_unfenced_write token=%s blocks=%d first_id=%s (TEST NODE)",
+            token,
+            len(ranges),
+            ranges[0][0] if ranges else None,
+        )
+        with self._connection(what) as conn, conn.transaction():
+            row = conn.execute(_POSITIONS).fetchone()
+            if row is None:
+                raise DatabaseError(f"{what}: the database returned no row")
+            first_ticket = max(int(row[0]), int(row[1])) + 1
+            conn.execute(
+                _INSERT,
+                {
+                    "first_ticket": first_ticket,
+                    "generation": token.generation,
+                    "epoch": token.epoch,
+                    "first_ids": [first for first, _ in ranges],
+                    "last_ids": [last for _, last in ranges],
+                },
+            )
+            last_ticket = first_ticket + len(ranges) - 1
+            conn.execute(_ADVANCE, {"last_id": ranges[-1][1], "last_ticket": last_ticket})
+        return CutResult(high_water_id=ranges[-1][1], last_ticket=last_ticket)
+
+    def requeue_stranded(self, token: Token, commit_if: CommitCheck | None = None) -> int:
+        try:
+            return super().requeue_stranded(token, commit_if)
+        except FencedError:
+            return 0  # a stale unsafe leader carries on regardless
+
+    def prune_claimed(
+        self,
+        token: Token,
+        retention_s: float,
+        limit: int,
+        commit_if: CommitCheck | None = None,
+    ) -> int:
+        try:
+            return super().prune_claimed(token, retention_s, limit, commit_if)
+        except FencedError:
+            return 0
+
+
+def main() -> None:
+    config = load(None, None, None, None, None, ())
+    logs.configure(config.node.log_format)
+    log.warning("event=test_node_started: UNSAFE, unfenced; tests/chaos only")
+    store = UnsafeNodeDatabase(
+        config.postgres,
+        node_name=config.node.resolved_name(),
+        layout=config.layout,
+        datacenter_id=config.cluster.datacenter_id,
+        max_clock_ahead_ms=config.pool.max_clock_ahead_ms,
+    )
+    store.ignore_clock = "--ignore-clock" in sys.argv[1:]
+    serve(build_node(config, store=store, term_factory=UnsafeTerm))
+
+
+if __name__ == "__main__":
+    main()
