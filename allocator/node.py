@@ -55,7 +55,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kazoo.exceptions import KazooException
+from kazoo.exceptions import KazooException, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 
@@ -93,12 +93,19 @@ STALE_TAKEOVER_BACKOFF_S = 2.0
 FENCE_AHEAD_BACKOFF_S = 5.0
 JOB_STOP_TIMEOUT_S = 10.0
 HANDOVER_CHECK_INTERVAL_S = 1.0
+ZOOKEEPER_ERROR_BACKOFF_S = 1.0
 
 TermFactory = Callable[[fence.Token, SessionGuard], Term]
 
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def chroot_of(hosts: str) -> str:
+    """The chroot suffix of a ZooKeeper hosts string (``zk1:2181/a/b`` → ``/a/b``), or ""."""
+    _servers, slash, chroot = hosts.partition("/")
+    return slash + chroot if slash else ""
 
 
 class Node:
@@ -109,6 +116,7 @@ class Node:
         store: NodeStore,
         zookeeper: ZooKeeperFactory,
         jobs: LeaderJobsPort,
+        zookeeper_root: ZooKeeperFactory | None = None,
         metrics: NodeMetrics | None = None,
         health: NodeHealth | None = None,
         now_ms: Callable[[], int] = wall_clock_ms,
@@ -128,6 +136,7 @@ class Node:
         self._expose_session_password = expose_session_password  # TEST HOOK (docstring)
         self._db = store
         self._zk_factory = zookeeper
+        self._zk_root = zookeeper_root  # no chroot: to recreate ours after a wipe
         self._zk: Any = zookeeper()
         self._term_factory = term_factory
         self._guard = SessionGuard(config.zookeeper.session_timeout_ms / 1000)
@@ -282,10 +291,33 @@ class Node:
                 code = self._lead(election)
                 if code is not None:
                     return code
+            except NoNodeError:
+                self._recreate_chroot()
             except (KazooException, ElectionNodeLostError, ZooKeeperCallTimeoutError) as exc:
                 log.warning("event=zookeeper_error name=%s error=%r", self.name, exc)
                 self._wait_for_session()
+                self._stop.wait(ZOOKEEPER_ERROR_BACKOFF_S)
         return EXIT_OK
+
+    def _recreate_chroot(self) -> None:
+        """The chroot is gone (an ensemble wiped or rebuilt): create it from the root, so the
+        node can join and report what it finds (usually a fence ahead of ZooKeeper)."""
+        chroot = chroot_of(self._config.zookeeper.hosts)
+        log.warning("event=zookeeper_chroot_missing name=%s chroot=%s", self.name, chroot or "/")
+        if self._zk_root is None or not chroot:
+            self._stop.wait(ZOOKEEPER_ERROR_BACKOFF_S)
+            return
+        root = self._zk_root()
+        try:
+            root.start(timeout=self._config.zookeeper.connect_timeout_s)
+            root.ensure_path(chroot)
+            log.info("event=zookeeper_chroot_created name=%s chroot=%s", self.name, chroot)
+        except (KazooException, KazooTimeoutError) as exc:
+            log.warning("event=zookeeper_chroot_create_failed name=%s error=%r", self.name, exc)
+            self._stop.wait(ZOOKEEPER_ERROR_BACKOFF_S)
+        finally:
+            root.stop()
+            root.close()
 
     def _token(self, election: Election) -> fence.Token | None:
         """Our token, or None (reported) when the generation znode holds garbage."""

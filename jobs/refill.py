@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 
 from allocator import cutter
@@ -48,6 +49,7 @@ from jobs.context import LeaderContext
 
 log = logging.getLogger(__name__)
 
+_NEVER_SET = threading.Event()
 MAX_BATCH_BLOCKS = 2000
 RUN_BUDGET_S = 2.0
 FLUSH_AFTER_S = 0.05
@@ -183,4 +185,6 @@ def _write(ctx: LeaderContext, batch: list[tuple[int, int]]) -> tuple[int, int]:
 def _sleep_until_ms(ctx: LeaderContext, wall_ms: int) -> None:
     delay_s = (wall_ms - ctx.now_ms()) / 1000
     if delay_s > 0:
-        time.sleep(min(delay_s, 0.05))
+        # An Event wait, not time.sleep: under libfaketime (the chaos tests' skewed clocks)
+        # sleep's absolute-deadline clock_nanosleep fails with EINVAL.
+        _NEVER_SET.wait(min(delay_s, 0.05))

@@ -70,17 +70,19 @@ def _test_clock(environ: Mapping[str, str], clock: Callable[[], int]) -> Callabl
     return lambda: clock() + offset_ms
 
 
-def zookeeper_factory(config: Config) -> Callable[[], Any]:
-    """Builds a fresh kazoo client for the node's cluster (one per session, see the node)."""
+def zookeeper_factory(config: Config, *, root: bool = False) -> Callable[[], Any]:
+    """Builds a fresh kazoo client for the node's cluster (one per session, see the node);
+    ``root``: without the chroot (only to recreate the chroot after an ensemble wipe)."""
     from kazoo.client import KazooClient
     from kazoo.retry import KazooRetry
 
     zk = config.zookeeper
+    hosts = zk.hosts.partition("/")[0] if root else zk.hosts
 
     def make() -> Any:
         auth = zk.auth.get_secret_value()
         return KazooClient(
-            hosts=zk.hosts,
+            hosts=hosts,
             timeout=zk.session_timeout_ms / 1000,
             connection_retry=KazooRetry(
                 max_tries=-1,
@@ -125,6 +127,7 @@ def build_node(
         config,
         store=database,
         zookeeper=zookeeper_factory(config),
+        zookeeper_root=zookeeper_factory(config, root=True),
         jobs=LeaderJobs(database, config, metrics, clock),
         metrics=metrics,
         now_ms=clock,

@@ -1,0 +1,106 @@
+"""Chaos: a leader whose clock runs a minute behind, an hour or sixty years ahead of the database's.
+
+Rules: the skewed node runs outside the supervisor under libfaketime (Debian's ``faketime``):
+``LD_PRELOAD`` + ``FAKETIME=+1h`` shifts only that process's wall clock, as a real bad clock
+would (``FAKETIME_DONT_FAKE_MONOTONIC=1``: without it ``threading.Event().wait()`` never
+returns under Python here). Nothing in the product knows it is being tested.
+
+What used to happen: the skewed leader moved the high-water mark to its own clock, and every
+node with a correct clock then refused to cut until that date (1,411 of 1,475 claims failed
+with "pool empty" in 30 s). What must hold now (DESIGN §11): the skewed leader takes the
+fence but cuts nothing (its clock disagrees with the database's: alert metric, log event);
+alone it keeps leading and says the handover is withheld; once a node whose clock agrees
+queues, it hands over to it, and that node cuts. The mark never passes the database clock
+plus ``pool.max_clock_ahead_ms``; claims keep succeeding throughout; the checker (including
+its clock rule) finds nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from tests.chaos.harness import ChaosCluster, Consumers, log_events, metric, wait_for
+
+pytestmark = pytest.mark.integration
+
+LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+HANDOVER_S = "2"
+MAX_AHEAD_MS = 1000
+CLAIMS = 20
+
+
+def faketime_env(offset: str) -> dict[str, str]:
+    return {
+        "LD_PRELOAD": str(LIBFAKETIME),
+        "FAKETIME": offset,
+        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "ALLOCATOR_LEADER_CLOCK_SKEW_HANDOVER_S": HANDOVER_S,
+    }
+
+
+def mark_lead_ms(database_url: str) -> int | None:
+    """How far the mark's millisecond lies ahead of the database clock now."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT mark_ahead_ms FROM allocator.pool_status").fetchone()
+    return None if row is None or row[0] is None else int(row[0])
+
+
+@pytest.mark.skipif(not LIBFAKETIME.exists(), reason="Debian package faketime not installed")
+@pytest.mark.parametrize("offset", ["+1h", "+60y", "-1m"])
+def test_a_leader_whose_clock_disagrees_cuts_nothing_and_hands_over_to_a_good_clock(
+    offset: str,
+) -> None:
+    """Breaks: one node's wall clock, set ``offset`` from the truth (libfaketime).
+
+    Must hold: the skewed leader cuts nothing and raises ``allocator_clock_skew_alert``;
+    alone, it keeps the fence (``allocator_handover_withheld`` = 1) while consumers claim
+    from the pool; when the correct node comes back it hands over to it
+    (end_reason ``clock_skew``), the correct node cuts; the mark never leads the database
+    clock by more than ``max_clock_ahead_ms``; checker clean. Cost: ~15 s.
+    """
+    with ChaosCluster(zk=1, nodes=1) as chaos:
+        first = chaos.wait_leader()
+        skewed = chaos.start_extra_node("skewed", faketime_env(offset))
+        chaos.wait_role(skewed.admin_url, "follower", "the skewed node to queue")
+        consumers = Consumers(chaos.info().consumer_database_url).start()
+        try:
+            wait_for(lambda: consumers.count() >= CLAIMS, "claims before the fault")
+            chaos.wait_pool(600)  # enough for the rest of the test while nobody may cut
+            cut_before = chaos.blocks_cut()
+            chaos.cluster.stop_node(first.name)  # SIGTERM: hands over at once, stays down
+            taken = chaos.wait_leader(newer_than=first.epoch)
+            assert taken.name == "skewed"
+            wait_for(
+                lambda: metric(skewed.admin_url, "allocator_clock_skew_alert") == 1,
+                "the clock-skew alert on the skewed leader",
+            )
+            wait_for(
+                lambda: metric(skewed.admin_url, "allocator_handover_withheld") == 1,
+                "the handover to be withheld: no contender has a good clock",
+            )
+            since = time.time()
+            wait_for(lambda: consumers.count(since=since) >= CLAIMS, "claims from the pool")
+            assert chaos.blocks_cut(epoch=taken.epoch) == 0
+            assert chaos.blocks_cut() == cut_before
+            chaos.cluster.start_node(first.name)
+            good = chaos.wait_leader(newer_than=taken.epoch)
+            assert good.name == first.name
+            chaos.wait_cutting(good.epoch, after=chaos.history()[-1].elected_at)
+            lead = mark_lead_ms(chaos.database_url)
+            assert lead is not None
+            assert lead <= MAX_AHEAD_MS
+            since = time.time()
+            wait_for(lambda: consumers.count(since=since) >= CLAIMS, "claims after the handover")
+            chaos.assert_clean(consumers)
+        finally:
+            consumers.stop()
+        reasons = [(t.holder, t.end_reason) for t in chaos.history()]
+        assert ("skewed", "clock_skew") in reasons
+        assert chaos.blocks_cut(epoch=taken.epoch) == 0
+        assert log_events(skewed.log_path, "clock_disagrees")
+        assert log_events(skewed.log_path, "handover_withheld")
+        skewed.stop()
