@@ -10,10 +10,10 @@ and the ``jobs`` package. :func:`build_node` wires a node from a config; tests t
 deliberately broken node build their own collaborators through the same seams
 (``tests/chaos``), never through a switch in the product.
 
-Test hooks, for the chaos tests (tests/chaos) only: ignored unless set, each logged as a
-WARNING ``event=test_hook_enabled`` at start. ``ALLOCATOR_TEST_CLOCK_OFFSET_MS=<int>`` shifts
-the node's clock by that many milliseconds (negative: behind); ``ALLOCATOR_TEST_EXPOSE_SESSION=1``
-adds the ZooKeeper session password to ``/status``. Never set them in production.
+Test hook, for the chaos tests (tests/chaos) only: ignored unless set, logged as a WARNING
+``event=test_hook_enabled`` at start: ``ALLOCATOR_TEST_EXPOSE_SESSION=1`` adds the ZooKeeper
+session password to ``/status``. Never set it in production. (Skewed clocks are made with
+libfaketime and broken nodes are built in ``tests/``, not by switches here.)
 """
 
 from __future__ import annotations
@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # -- test hooks (tests/chaos only) --------------------------------------------------------
-TEST_CLOCK_OFFSET_ENV = "ALLOCATOR_TEST_CLOCK_OFFSET_MS"
 TEST_EXPOSE_SESSION_ENV = "ALLOCATOR_TEST_EXPOSE_SESSION"
 
 
@@ -52,22 +51,6 @@ def _test_flag(environ: Mapping[str, str], name: str) -> bool:
     if value == "1":
         log.warning("event=test_hook_enabled hook=%s: TEST ONLY, never in production", name)
     return value == "1"
-
-
-def _test_clock(environ: Mapping[str, str], clock: Callable[[], int]) -> Callable[[], int]:
-    raw = environ.get(TEST_CLOCK_OFFSET_ENV, "").strip()
-    try:
-        offset_ms = int(raw or "0")
-    except ValueError:
-        raise UsageError(f"{TEST_CLOCK_OFFSET_ENV} must be an integer (got {raw!r})") from None
-    if not offset_ms:
-        return clock
-    log.warning(
-        "event=test_hook_enabled hook=%s offset_ms=%d: TEST ONLY, this node's clock is shifted",
-        TEST_CLOCK_OFFSET_ENV,
-        offset_ms,
-    )
-    return lambda: clock() + offset_ms
 
 
 def zookeeper_factory(config: Config, *, root: bool = False) -> Callable[[], Any]:
@@ -174,15 +157,9 @@ def run(
     if check:
         click.echo(json.dumps(config.masked_dict(), indent=2, default=str))
         return
-    from allocator.node import wall_clock_ms
-
     logs.configure(config.node.log_format)
     serve(
-        build_node(
-            config,
-            now_ms=_test_clock(os.environ, wall_clock_ms),
-            expose_session_password=_test_flag(os.environ, TEST_EXPOSE_SESSION_ENV),
-        )
+        build_node(config, expose_session_password=_test_flag(os.environ, TEST_EXPOSE_SESSION_ENV))
     )
 
 

@@ -19,7 +19,7 @@ import pytest
 
 from allocator.commands.run import build_node
 from allocator.config import Config, load_config
-from allocator.node import EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node
+from allocator.node import EXIT_CONFIG, EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node
 from jobs.context import wall_clock_ms
 from tests.fixtures import zk
 from tests.fixtures.pg import claim, take_fence
@@ -307,3 +307,58 @@ def test_step_down_over_http_is_refused_without_a_configured_token(
     wait_for(lambda: fence(db_url)[1] == "a", "a to lead")
     base = wait_for(lambda: leader.node.snapshot()["admin_url"], "the admin server")
     assert _http(f"{base}/step-down", "POST", token="")[0] == 403
+
+
+def test_a_node_with_another_layout_refuses_to_lead_and_exits_78_naming_both(
+    make_node: Callable[..., RunningNode], db_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DESIGN §11: the layout is recorded by the first takeover and checked by every later
+    takeover and cut (in SQL, AL104); a misconfigured node stops as a configuration error."""
+    first = make_node("a")
+    wait_for(lambda: available(db_url) >= 40, "the pool to fill")
+    assert first.stop() == EXIT_OK
+    cut_before = len(ledger(db_url))
+    other = make_node("b", **{"cluster.datacenter_id": 1})
+    other.thread.join(DEADLINE_S)
+    assert other.exit_code == EXIT_CONFIG
+    mismatch = [r.getMessage() for r in caplog.records if "layout_mismatch" in r.getMessage()]
+    assert mismatch
+    assert "datacenter_id=1" in mismatch[0]
+    assert "datacenter_id=0" in mismatch[0]
+    assert len(ledger(db_url)) == cut_before
+    with psycopg.connect(db_url) as conn:
+        recorded = conn.execute("SELECT datacenter_id FROM allocator.layout").fetchone()
+    assert recorded == (0,)
+    assert fence(db_url)[1] == "a"  # the misconfigured node never took the fence
+
+
+def test_a_mark_an_hour_ahead_of_every_clock_never_stalls_the_cluster(
+    make_node: Callable[..., RunningNode], db_url: str
+) -> None:
+    """A mark already ahead (a restore, or written before the clock bound): the leader
+    cuts densely straight after it, never moving it further ahead than it already was, and
+    exports the lead; claims never run dry."""
+    first = make_node("a")
+    wait_for(lambda: available(db_url) >= 40, "the pool to fill")
+    assert first.stop() == EXIT_OK
+    hour_ms = 3_600_000
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        # As a restored database would look: the mark an hour ahead of the database clock,
+        # recorded with that lead at its cut.
+        shift = hour_ms << 22
+        conn.execute(
+            "UPDATE allocator.high_water SET last_id = last_id + %s, marked_at = clock_timestamp()",
+            (shift,),
+        )
+        claim(conn, "drain", 1000)  # empty the pool: only new cuts can serve from here on
+    leader = make_node("b")
+    wait_for(lambda: available(db_url) >= 40, "cuts after a mark an hour ahead")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        assert len(claim(conn, "app", 20)) == 20
+        (ahead_ms,) = conn.execute("SELECT mark_ahead_ms FROM allocator.pool_status").fetchone()  # type: ignore[misc]
+    assert hour_ms - 60_000 < ahead_ms <= hour_ms + 1000  # kept, not grown
+    registry = leader.node.metrics.registry
+    wait_for(
+        lambda: (registry.get_sample_value("allocator_mark_ahead_seconds") or 0) > 3000,
+        "the mark's lead to be exported",
+    )
