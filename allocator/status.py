@@ -1,24 +1,142 @@
-"""The cluster as an operator sees it: election order from ZooKeeper, pool and terms from
-PostgreSQL; shared by ``allocator status``, ``watch`` and ``step-down``.
+"""The cluster as an operator sees it: election order and the fence generation from ZooKeeper,
+pool, fence, terms and re-bases from PostgreSQL; shared by ``allocator status``, ``watch``,
+``step-down`` and ``fence``.
 
-Rules: read-only, short-lived connections (one kazoo client, one database connection);
-``to_json`` has DESIGN §10's stable keys. The leader is the first contender in election
-order; its epoch is the fence's when the fence holder is that node (during a handover the
-two can briefly differ, and then the epoch is reported as null).
+Rules:
+
+- Read-only and short-lived: one kazoo client, plain database connections, all closed
+  before returning. The operator's ZooKeeper client authenticates with ``zookeeper.auth``
+  like a node's, and every ZooKeeper call waits at most the connect timeout.
+- The database is read before ZooKeeper. Every czxid the fence can hold was created before
+  that read, so the election path's ``pzxid`` read afterwards (after a ``sync``) is at least
+  that czxid in a healthy ensemble. The other order would report a leader elected between
+  the two reads as a fence *ahead of ZooKeeper* (:func:`allocator.fence.ahead_of_zookeeper`).
+- Nothing ZooKeeper holds crashes the report: contender data we cannot read shows as "?"
+  (:meth:`Identity.from_bytes`), a generation znode that holds no number is a ``problem``
+  with ``zookeeper_generation`` and ``ahead_of_zookeeper`` null (unknown), and a missing
+  chroot or election path is an empty election.
+- ``to_json`` keeps DESIGN §10's keys and meanings (``leader.epoch`` is the czxid half of
+  the token); additions only: ``leader.generation``, ``contenders[].db_ok`` / ``clock_ok``
+  (as the contender advertises them; null: not advertised), ``handovers[].generation``, and
+  the top-level ``fence`` object (:meth:`FenceReport.to_json`).
+- Errors leave as the project's own: ZooKeeper unreachable → :class:`ZooKeeperUnavailableError`,
+  refused for lack of auth → :class:`ConfigError` naming ``zookeeper.auth``.
 """
 
 from __future__ import annotations
 
+import logging
+import math
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
+import psycopg
 from kazoo.client import KazooClient
+from kazoo.exceptions import (
+    AuthFailedError,
+    ConnectionLoss,
+    KazooException,
+    NoAuthError,
+    NoNodeError,
+    SessionExpiredError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.interfaces import IAsyncResult
+from kazoo.security import ACL, make_digest_acl
+from psycopg.rows import class_row
 
+from allocator import db, fence, sql
 from allocator.config import Config
 from allocator.db import PoolStatus, Term, read_status
 from allocator.election import Contender, read_contenders
-from allocator.errors import ZooKeeperUnavailableError
+from allocator.errors import AllocatorError, ConfigError, ZooKeeperUnavailableError
+
+KAZOO_LOG = logging.getLogger(__name__ + ".kazoo")
+"""kazoo's own log for the operator's client. Its retry chatter (one WARNING per refused
+connection) would bury the command's one error line, which says the same; ERROR and
+above still show."""
+KAZOO_LOG.setLevel(logging.ERROR)
+
+REBASE_HISTORY_LIMIT = 5
+"""Re-bases shown by ``allocator status`` and ``allocator fence status``."""
+
+
+@dataclass(frozen=True, slots=True)
+class RebaseRecord:
+    """One row of ``allocator.fence_history``: who re-based the fence, when and why."""
+
+    rebase_id: int
+    rebased_at: datetime
+    rebased_by: str
+    old_generation: int
+    old_epoch: int
+    new_generation: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "rebase_id": self.rebase_id,
+            "rebased_at": self.rebased_at.isoformat(),
+            "rebased_by": self.rebased_by,
+            "old_generation": self.old_generation,
+            "old_epoch": self.old_epoch,
+            "new_generation": self.new_generation,
+            "reason": self.reason,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ZooKeeperFence:
+    """What ZooKeeper says about the fence: the generation and the newest zxid it issued."""
+
+    generation: int | None
+    """The generation znode's number (0 when absent); None when it holds something else."""
+    newest_zxid: int
+    """The election path's pzxid after a sync (0 when the path is absent)."""
+    generation_znode: str
+    """The generation znode's full path, chroot included (for people, not for calls)."""
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class FenceReport:
+    """The fence in the database next to what ZooKeeper can have issued."""
+
+    generation: int
+    epoch: int
+    holder: str | None
+    zookeeper: ZooKeeperFence
+    rebases: list[RebaseRecord] | None = None
+    """The latest re-bases, newest first; None when not read (or not readable by the role)."""
+
+    @property
+    def token(self) -> fence.Token:
+        return fence.Token(self.generation, self.epoch)
+
+    @property
+    def ahead_of_zookeeper(self) -> bool | None:
+        """True: no node can take the fence until an operator re-bases it; None: unknown."""
+        zk = self.zookeeper
+        if zk.generation is None:
+            return None
+        return fence.ahead_of_zookeeper(self.token, zk.generation, zk.newest_zxid)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "generation": self.generation,
+            "epoch": self.epoch,
+            "holder": self.holder,
+            "zookeeper_generation": self.zookeeper.generation,
+            "zookeeper_newest_zxid": self.zookeeper.newest_zxid,
+            "generation_znode": self.zookeeper.generation_znode,
+            "ahead_of_zookeeper": self.ahead_of_zookeeper,
+            "problem": self.zookeeper.problem,
+            "rebases": None if self.rebases is None else [r.to_json() for r in self.rebases],
+        }
 
 
 @dataclass(frozen=True)
@@ -26,6 +144,7 @@ class ClusterStatus:
     contenders: list[Contender]
     pool: PoolStatus
     terms: list[Term]
+    fence: FenceReport
 
     @property
     def leader(self) -> Contender | None:
@@ -40,7 +159,12 @@ class ClusterStatus:
     def to_json(self) -> dict[str, Any]:
         leader = self.leader
         epoch = self.leader_epoch()
-        since = next((t.elected_at for t in self.terms if t.epoch == epoch), None)
+        generation = None if epoch is None else self.pool.generation
+        # The same czxid can come back after an ensemble rebuild: match the whole token.
+        since = next(
+            (t.elected_at for t in self.terms if (t.generation, t.epoch) == (generation, epoch)),
+            None,
+        )
         return {
             "leader": None
             if leader is None
@@ -49,6 +173,7 @@ class ClusterStatus:
                 "host": leader.identity.host,
                 "pid": leader.identity.pid,
                 "epoch": epoch,
+                "generation": generation,
                 "since": since.isoformat() if since else None,
                 "admin_url": leader.identity.admin_address,
             },
@@ -59,6 +184,8 @@ class ClusterStatus:
                     "pid": c.identity.pid,
                     "znode": c.znode,
                     "admin_url": c.identity.admin_address,
+                    "db_ok": c.identity.db_ok,
+                    "clock_ok": c.identity.clock_ok,
                 }
                 for c in self.contenders
             ],
@@ -72,6 +199,7 @@ class ClusterStatus:
             "handovers": [
                 {
                     "epoch": t.epoch,
+                    "generation": t.generation,
                     "holder": t.holder,
                     "elected_at": t.elected_at.isoformat(),
                     "ended_at": t.ended_at.isoformat() if t.ended_at else None,
@@ -79,28 +207,175 @@ class ClusterStatus:
                 }
                 for t in self.terms
             ],
+            "fence": self.fence.to_json(),
         }
 
 
-def read_contenders_once(config: Config) -> list[Contender]:
+# -- ZooKeeper -------------------------------------------------------------------------------
+
+
+def split_hosts(hosts: str) -> tuple[str, str]:
+    """``zk1:2181,zk2:2181/a/b`` → (``zk1:2181,zk2:2181``, ``/a/b``); no chroot → ``""``."""
+    servers, slash, chroot = hosts.partition("/")
+    return servers, (slash + chroot).rstrip("/")
+
+
+def digest_acl(config: Config) -> list[ACL] | None:
+    """The ACL of znodes created for the cluster: its digest identity, or None (kazoo's
+    default, open) when ``zookeeper.auth`` is empty."""
+    user, _, password = config.zookeeper.auth.get_secret_value().partition(":")
+    return [make_digest_acl(user, password, all=True)] if user else None
+
+
+def zookeeper_client(config: Config, *, chroot: bool = True) -> KazooClient:
+    """An operator's kazoo client (not started): the config's hosts, with or without their
+    chroot, authenticated like a node."""
     zk = config.zookeeper
-    client = KazooClient(hosts=zk.hosts, timeout=zk.session_timeout_ms / 1000)
-    try:
-        client.start(timeout=zk.connect_timeout_s)
-    except KazooTimeoutError as exc:
-        raise ZooKeeperUnavailableError(f"no ZooKeeper server answered at {zk.hosts}") from exc
-    try:
-        return read_contenders(client, zk.election_path)
-    finally:
-        client.stop()
-        client.close()
-
-
-def gather(config: Config, history_limit: int = 10) -> ClusterStatus:
-    contenders = read_contenders_once(config)
-    pool, terms = read_status(
-        config.postgres.url.get_secret_value(),
-        history_limit=history_limit,
-        connect_timeout_s=config.postgres.connect_timeout_s,
+    auth = zk.auth.get_secret_value()
+    return KazooClient(
+        hosts=zk.hosts if chroot else split_hosts(zk.hosts)[0],
+        timeout=zk.session_timeout_ms / 1000,
+        auth_data=[("digest", auth)] if auth else None,
+        logger=KAZOO_LOG,
     )
-    return ClusterStatus(contenders, pool, terms)
+
+
+def start(client: KazooClient, config: Config) -> None:
+    """Connect, or raise :class:`ZooKeeperUnavailableError`. A missing chroot is no error here
+    (the caller reports an empty election), so kazoo's warning about it is silenced."""
+    zk = config.zookeeper
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="No chroot path exists")
+        try:
+            client.start(timeout=zk.connect_timeout_s)
+        except KazooTimeoutError as exc:
+            raise ZooKeeperUnavailableError(
+                f"no ZooKeeper server answered at {zk.hosts} within {zk.connect_timeout_s:g} s"
+            ) from exc
+
+
+def close(client: KazooClient) -> None:
+    client.stop()
+    client.close()
+
+
+@contextmanager
+def zookeeper_errors(config: Config, what: str) -> Iterator[None]:
+    """Translates kazoo's errors raised while doing ``what`` into the project's."""
+    hosts = config.zookeeper.hosts
+    try:
+        yield
+    except (NoAuthError, AuthFailedError) as exc:
+        raise ConfigError(
+            f"{what}: ZooKeeper at {hosts} refused access; check zookeeper.auth"
+        ) from exc
+    except (ConnectionLoss, SessionExpiredError, KazooTimeoutError) as exc:
+        raise ZooKeeperUnavailableError(
+            f"{what}: lost the connection to ZooKeeper at {hosts}"
+        ) from exc
+    except KazooException as exc:
+        raise AllocatorError(f"{what}: ZooKeeper at {hosts} refused the request") from exc
+
+
+def wait(pending: IAsyncResult, config: Config) -> Any:
+    """A kazoo async call's result within the connect timeout (kazoo queues calls while
+    disconnected; a plain call would wait for the reconnect, however long)."""
+    return pending.get(timeout=config.zookeeper.connect_timeout_s)
+
+
+def read_zookeeper_fence(
+    client: KazooClient, election_path: str, config: Config, *, chroot: str = ""
+) -> ZooKeeperFence:
+    """The generation znode beside ``election_path`` and the path's pzxid, after a sync.
+
+    ``election_path`` is as ``client`` addresses it; ``chroot`` only names the znode for
+    people when ``client`` runs inside one.
+    """
+    path = fence.generation_path(election_path)
+    wait(client.sync_async(election_path), config)
+    try:
+        data, _stat = wait(client.get_async(path), config)
+    except NoNodeError:
+        data = None
+    stat = wait(client.exists_async(election_path), config)
+    newest = 0 if stat is None else int(stat.pzxid)
+    try:
+        generation: int | None = fence.parse_generation(data)
+        problem = None
+    except ValueError as exc:
+        generation, problem = None, str(exc)
+    return ZooKeeperFence(generation, newest, chroot + path, problem)
+
+
+def read_zookeeper(config: Config) -> tuple[list[Contender], ZooKeeperFence]:
+    """Contenders in election order and the fence as ZooKeeper sees it, from one session."""
+    path = config.zookeeper.election_path
+    client = zookeeper_client(config)
+    start(client, config)
+    try:
+        with zookeeper_errors(config, "read the election"):
+            contenders = read_contenders(client, path)
+            zk_fence = read_zookeeper_fence(
+                client, path, config, chroot=split_hosts(config.zookeeper.hosts)[1]
+            )
+    finally:
+        close(client)
+    return contenders, zk_fence
+
+
+def read_contenders_once(config: Config) -> list[Contender]:
+    return read_zookeeper(config)[0]
+
+
+# -- PostgreSQL -------------------------------------------------------------------------------
+
+
+def read_rebases(
+    url: str,
+    limit: int = REBASE_HISTORY_LIMIT,
+    *,
+    connect_timeout_s: float = db.STATUS_CONNECT_TIMEOUT_S,
+    statement_timeout_ms: int = db.STATUS_STATEMENT_TIMEOUT_MS,
+) -> list[RebaseRecord] | None:
+    """The latest ``limit`` re-bases, newest first; None when the role may not read them
+    (``fence_history`` is for the node and operator roles; a consumer still gets a status)."""
+    what = "read the fence history"
+    try:
+        with psycopg.connect(
+            url,
+            connect_timeout=max(2, math.ceil(connect_timeout_s)),
+            application_name=db.STATUS_APPLICATION_NAME,
+        ) as conn:
+            conn.read_only = True
+            with conn.transaction():
+                conn.execute(
+                    sql.SET_LOCAL_STATEMENT_TIMEOUT,
+                    {"statement_timeout": str(statement_timeout_ms)},
+                )
+                with conn.cursor(row_factory=class_row(RebaseRecord)) as cursor:
+                    return cursor.execute(sql.FENCE_HISTORY, {"limit": limit}).fetchall()
+    except psycopg.errors.InsufficientPrivilege:
+        return None
+    except psycopg.Error as exc:
+        raise db.translate(exc, what) from exc
+
+
+# -- together ---------------------------------------------------------------------------------
+
+
+def gather(
+    config: Config, history_limit: int = 10, rebase_limit: int = REBASE_HISTORY_LIMIT
+) -> ClusterStatus:
+    """Everything ``allocator status`` shows; ``rebase_limit=0`` skips the fence history."""
+    url = config.postgres.url.get_secret_value()
+    timeout_s = config.postgres.connect_timeout_s
+    pool, terms = read_status(url, history_limit=history_limit, connect_timeout_s=timeout_s)
+    rebases = read_rebases(url, rebase_limit, connect_timeout_s=timeout_s) if rebase_limit else None
+    contenders, zk_fence = read_zookeeper(config)  # after the database: see the module rules
+    report = FenceReport(pool.generation, pool.epoch, pool.holder, zk_fence, rebases)
+    return ClusterStatus(contenders, pool, terms, report)
+
+
+def gather_fence(config: Config, rebase_limit: int = REBASE_HISTORY_LIMIT) -> FenceReport:
+    """The fence in the database next to ZooKeeper's view of it (``allocator fence status``)."""
+    return gather(config, history_limit=1, rebase_limit=rebase_limit).fence

@@ -2,8 +2,11 @@
 
 Rules: read-only except step-down, which asks the current leader (found in the election
 znodes' data) over its admin HTTP with ``node.admin_token``; ``--json`` prints DESIGN
-§10's keys; ``watch`` prints a line per change of leader or epoch as it happens and a pool
-line every few seconds, and stops after ``--duration`` seconds or on Ctrl-C.
+§10's keys (plus the additions :mod:`allocator.status` lists, among them ``fence``);
+``watch`` prints a line per change of leader, epoch or fence as it happens and a pool line
+every few seconds, and stops after ``--duration`` seconds or on Ctrl-C. A fence ahead of
+ZooKeeper (no node can take it until an operator re-bases it) is one loud line in both
+views, never buried in a table: it stops all cutting.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -39,11 +43,15 @@ def status(as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]) 
     if leader:
         click.echo(
             f"leader      {leader['name']} (pid {leader['pid']} on {leader['host']}), "
-            f"epoch {leader['epoch']}, since {leader['since']}"
+            f"epoch {leader['epoch']}, generation {leader['generation']}, "
+            f"since {leader['since']}"
         )
     else:
         click.echo("leader      none")
-    click.echo("contenders  " + ", ".join(c["name"] for c in data["contenders"]) or "none")
+    contenders = ", ".join(_contender(c) for c in data["contenders"]) or "none"
+    click.echo(f"contenders  {contenders}")
+    for line in fence_lines(data["fence"]):
+        click.echo(line)
     pool = data["pool"]
     runway = "unknown" if pool["runway_s"] is None else f"{pool['runway_s']:.0f} s"
     click.echo(
@@ -52,10 +60,56 @@ def status(as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]) 
     )
     click.echo("handovers")
     for term in data["handovers"]:
+        token = f"{term['generation']}:{term['epoch']:#x}"  # as the fence line and node logs
         click.echo(
-            f"  epoch {term['epoch']:<14} {term['holder']:<16} elected {term['elected_at']}"
+            f"  {token:<20} {term['holder']:<16} elected {term['elected_at']}"
             f"  ended {term['ended_at'] or '-'} ({term['end_reason'] or 'leading'})"
         )
+
+
+def _contender(contender: dict[str, Any]) -> str:
+    """``name``, with what it advertises when that is not all well (``db down``, …)."""
+    notes = [
+        f"{what} {'unknown' if contender[key] is None else bad}"
+        for key, what, bad in (("db_ok", "db", "down"), ("clock_ok", "clock", "skewed"))
+        if contender[key] is not True
+    ]
+    return f"{contender['name']} ({', '.join(notes)})" if notes else str(contender["name"])
+
+
+def fence_lines(report: dict[str, Any]) -> list[str]:
+    """The text view of a ``fence`` object (``status``, ``fence status``); the loud line
+    first when the fence is ahead of ZooKeeper or ZooKeeper's generation is unreadable."""
+    holder = report["holder"] or "nobody"
+    zk_generation = report["zookeeper_generation"]
+    lines = [
+        f"fence       generation {report['generation']}, epoch {report['epoch']:#x} "
+        f"(held by {holder}); ZooKeeper: generation "
+        f"{'?' if zk_generation is None else zk_generation} in {report['generation_znode']}, "
+        f"newest zxid {report['zookeeper_newest_zxid']:#x}"
+    ]
+    if report["ahead_of_zookeeper"]:
+        lines.insert(0, ahead_line(report))
+    if report["problem"]:
+        lines.insert(0, unreadable_line(report))
+    return lines
+
+
+def unreadable_line(report: dict[str, Any]) -> str:
+    return (
+        f"!! FENCE GENERATION UNREADABLE: {report['problem']}; no new leader can take the "
+        "fence. Run `allocator fence rebase --reason TEXT` to rewrite it."
+    )
+
+
+def ahead_line(report: dict[str, Any]) -> str:
+    return (
+        f"!! FENCE AHEAD OF ZOOKEEPER: the database's fence "
+        f"{report['generation']}:{report['epoch']:#x} is newer than anything this ensemble "
+        f"issued (generation {report['zookeeper_generation']}, newest zxid "
+        f"{report['zookeeper_newest_zxid']:#x}); no node can take it and nothing is cut. "
+        "If the ensemble was wiped or restored, run `allocator fence rebase --reason TEXT`."
+    )
 
 
 @click.command("watch")
@@ -67,12 +121,13 @@ def watch(duration: float | None, config_path: Path | None, set_pairs: tuple[str
 
     config = config_mod.load_from_options(config_path, set_pairs)
     started = time.monotonic()
-    last_leader: tuple[object, object] | None = None
+    last_leader: tuple[object, ...] | None = None
+    last_fence: tuple[object, ...] | None = None
     last_pool_line = 0.0
     try:
         while duration is None or time.monotonic() - started < duration:
             try:
-                data = gather(config, history_limit=1).to_json()
+                data = gather(config, history_limit=1, rebase_limit=0).to_json()
             except AllocatorError as exc:
                 click.echo(f"{_now()} unavailable: {exc}")
                 time.sleep(1.0)
@@ -84,6 +139,7 @@ def watch(duration: float | None, config_path: Path | None, set_pairs: tuple[str
                 queue = " > ".join(c["name"] for c in data["contenders"]) or "-"
                 click.echo(f"{_now()} leader {who}   queue: {queue}")
                 last_leader = key
+            last_fence = _watch_fence(data["fence"], last_fence)
             if time.monotonic() - last_pool_line >= POOL_LINE_EVERY_S:
                 pool = data["pool"]
                 click.echo(f"{_now()} pool {pool['available_blocks']} blocks")
@@ -127,6 +183,24 @@ def step_down(timeout: float, config_path: Path | None, set_pairs: tuple[str, ..
             f"cannot reach leader {leader.name} at {leader.admin_address}"
         ) from exc
     click.echo(f"{leader.name} is stepping down: {body}")
+
+
+def _watch_fence(report: dict[str, Any], last: tuple[object, ...] | None) -> tuple[object, ...]:
+    """Prints a fence line when the generation, the ahead state or a problem changes."""
+    key = (report["generation"], report["ahead_of_zookeeper"], report["problem"])
+    if key == last:
+        return key
+    if report["problem"]:
+        click.echo(f"{_now()} {unreadable_line(report)}")
+    elif report["ahead_of_zookeeper"]:
+        click.echo(f"{_now()} {ahead_line(report)}")
+    else:
+        note = " (no longer ahead of ZooKeeper)" if last is not None and last[1] else ""
+        click.echo(
+            f"{_now()} fence generation {report['generation']}, ZooKeeper generation "
+            f"{report['zookeeper_generation']}{note}"
+        )
+    return key
 
 
 def _now() -> str:

@@ -1,0 +1,145 @@
+""":func:`allocator.status.gather` against real servers: the ``fence`` object, the token's
+generation in ``leader`` and ``handovers``, contenders' adverts, and odd ZooKeeper data.
+
+The election is built by hand (ephemeral sequential znodes with a contender's data, the
+fence taken with the first one's czxid), so each case sets exactly the state it reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import psycopg
+import pytest
+from kazoo.client import KazooClient
+
+from allocator import db, fence
+from allocator.config import Config, load_config
+from allocator.election import NODE_PREFIX, Identity
+from allocator.status import gather, gather_fence
+from tests.fixtures.pg import take_fence
+
+pytestmark = pytest.mark.integration
+
+ELECTION = "/election"
+GENERATION = fence.generation_path(ELECTION)
+STABLE_KEYS = {
+    "leader": {"name", "host", "pid", "epoch", "since"},
+    "contender": {"name", "host", "pid", "znode"},
+    "handover": {"epoch", "holder", "elected_at", "ended_at", "end_reason"},
+}
+
+
+@pytest.fixture
+def config(zk_hosts: str, db_url: str) -> Config:
+    return load_config(overrides={"zookeeper.hosts": zk_hosts, "postgres.url": db_url}, env={})
+
+
+@pytest.fixture
+def zk(zk_hosts: str) -> Iterator[KazooClient]:
+    client = KazooClient(hosts=zk_hosts)
+    client.start(timeout=15)
+    client.ensure_path(ELECTION)
+    yield client
+    client.stop()
+    client.close()
+
+
+def contend(zk: KazooClient, data: bytes, tag: str) -> int:
+    """A contender's znode (ephemeral, sequential, our name format); returns its czxid."""
+    path = zk.create(f"{ELECTION}/{NODE_PREFIX}{tag}-", data, ephemeral=True, sequence=True)
+    return int(zk.exists(path).czxid)
+
+
+def identity(name: str, *, db_ok: bool | None, clock_ok: bool | None) -> bytes:
+    return Identity(name, "host-a", 4242, "http://127.0.0.1:1", db_ok, clock_ok).to_bytes()
+
+
+def test_status_shows_the_token_fence_and_adverts(
+    config: Config, zk: KazooClient, db_url: str
+) -> None:
+    czxid = contend(zk, identity("node-1", db_ok=True, clock_ok=False), "a")
+    contend(zk, b"\xff\x00 not json", "b")  # unreadable data: shown as "?", never raises
+    contend(zk, identity("node-3", db_ok=None, clock_ok=None), "c")
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        take_fence(admin, czxid, holder="node-1")
+
+    data = gather(config).to_json()
+
+    assert data["leader"].keys() >= STABLE_KEYS["leader"] | {"generation"}
+    assert (data["leader"]["name"], data["leader"]["epoch"]) == ("node-1", czxid)
+    assert data["leader"]["generation"] == 0
+    assert data["leader"]["since"] is not None
+    adverts = [(c["name"], c["db_ok"], c["clock_ok"]) for c in data["contenders"]]
+    assert adverts == [("node-1", True, False), ("?", None, None), ("node-3", None, None)]
+    assert all(c.keys() >= STABLE_KEYS["contender"] for c in data["contenders"])
+    [handover] = data["handovers"]
+    assert handover.keys() >= STABLE_KEYS["handover"]
+    assert (handover["generation"], handover["epoch"]) == (0, czxid)
+    assert data["fence"] == {
+        "generation": 0,
+        "epoch": czxid,
+        "holder": "node-1",
+        "zookeeper_generation": 0,
+        "zookeeper_newest_zxid": data["fence"]["zookeeper_newest_zxid"],
+        "generation_znode": "/" + config.zookeeper.hosts.split("/", 1)[1] + GENERATION,
+        "ahead_of_zookeeper": False,
+        "problem": None,
+        "rebases": [],
+    }
+    assert data["fence"]["zookeeper_newest_zxid"] >= czxid
+
+
+def test_an_epoch_beyond_zookeeper_is_ahead(config: Config, zk: KazooClient, db_url: str) -> None:
+    czxid = contend(zk, identity("node-1", db_ok=True, clock_ok=True), "a")
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        take_fence(admin, czxid, holder="node-1")
+        # What an ensemble restored from an older snapshot looks like from the database.
+        admin.execute("UPDATE allocator.fence SET epoch = epoch + (1::bigint << 40)")
+
+    report = gather_fence(config)
+
+    assert report.ahead_of_zookeeper is True
+    assert report.epoch == czxid + (1 << 40)
+    assert gather(config).to_json()["fence"]["ahead_of_zookeeper"] is True
+
+
+def test_a_rebase_clears_it_and_a_lost_generation_znode_brings_it_back(
+    config: Config, zk: KazooClient, db_url: str
+) -> None:
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        take_fence(admin, (9 << 32) + 1, holder="node-1")
+    assert gather_fence(config).ahead_of_zookeeper is True
+
+    rebased = db.rebase_fence(db_url, "ensemble rebuilt")  # what `fence rebase` does, by hand
+    zk.create(GENERATION, str(rebased.new_generation).encode())
+    report = gather_fence(config)
+    assert (report.generation, report.epoch, report.zookeeper.generation) == (1, 0, 1)
+    assert report.ahead_of_zookeeper is False
+    assert [r.reason for r in report.rebases or []] == ["ensemble rebuilt"]
+
+    zk.delete(GENERATION)  # wiped again: ZooKeeper says generation 0
+    assert gather_fence(config).ahead_of_zookeeper is True
+
+
+@pytest.mark.parametrize("data", [b"banana", b"", b"-1", b"1" * 20])
+def test_an_unreadable_generation_is_reported_not_raised(
+    config: Config, zk: KazooClient, data: bytes
+) -> None:
+    zk.create(GENERATION, data)
+
+    out = gather(config).to_json()["fence"]
+
+    assert out["zookeeper_generation"] is None
+    assert out["ahead_of_zookeeper"] is None
+    assert "not a number" in out["problem"]
+
+
+def test_a_missing_chroot_is_an_empty_election(zk_hosts: str, db_url: str) -> None:
+    config = load_config(
+        overrides={"zookeeper.hosts": zk_hosts + "/gone", "postgres.url": db_url}, env={}
+    )
+    data = gather(config).to_json()
+    assert (data["leader"], data["contenders"]) == (None, [])
+    assert data["fence"]["zookeeper_generation"] == 0
+    assert data["fence"]["ahead_of_zookeeper"] is False  # (0, 0) in the fresh database
