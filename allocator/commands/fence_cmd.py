@@ -1,0 +1,418 @@
+"""``allocator fence rebase`` and ``allocator fence status``: the operator's side of the fence.
+
+After a ZooKeeper ensemble is wiped or restored from an older snapshot, its new czxids lie
+below the fence PostgreSQL holds, every takeover is refused (AL101) and the nodes report
+the fence *ahead of ZooKeeper* (:mod:`allocator.fence`). ``fence rebase`` ends that: it
+advances the fence generation in the database (``allocator.rebase_fence``: audited, epoch
+reset to 0, the open term ended as 'rebased') and writes the new generation into the
+generation znode beside the election path, where every node reads it from its own session.
+
+Rules:
+
+- Steps, in this order:
+
+  1. Connect to ZooKeeper (the config's servers, without the chroot), then read the fence
+     in the database and what ZooKeeper holds, before anything changes: an unreachable
+     ensemble fails the command while the fence is still untouched.
+  2. Show the plan and get the confirmation (below); then recreate the chroot and the
+     election path if they are missing (``ensure_path``; a wiped ensemble has neither,
+     and the generation znode needs its parent).
+  3. Re-base in the database. The database goes first: if the ZooKeeper write then
+     fails, the fence is ahead of ZooKeeper exactly as before (nodes keep reporting it,
+     nothing is cut) and running the command again advances once more, harmlessly. The
+     reverse order would let nodes take the fence under a generation no audit record
+     explains, and a failed database step would leave ZooKeeper ahead of the fence.
+  4. Write the new generation into the generation znode (create, or a versioned set that
+     never lowers it: of two operators racing, the higher generation stays).
+
+- The database's generation is the one that counts; this command never lowers ZooKeeper's.
+  When ZooKeeper already holds a higher generation than the database, the *database* was
+  restored, not the ensemble: the command refuses (a re-base would move ZooKeeper back).
+- Confirmation: ``--yes``, or an answer on a terminal after the plan (step 1's findings)
+  is shown; without a terminal and without ``--yes`` the command refuses before it
+  connects to anything. Neither ``--yes`` nor
+  ``--reason`` can come from an ``ALLOCATOR_*`` variable (STYLE: a person types each
+  time; the reason is the audit record's why, so a stale one must not linger in an
+  environment).
+- The reason is checked here (1..1000 characters, not only blanks) and again by the SQL
+  function (AL106 → :class:`~allocator.errors.InvalidRequestError`).
+- The database URL is ``--database-url`` (``ALLOCATOR_FENCE_REBASE_DATABASE_URL``), else
+  ``postgres.url``: a login role granted ``allocator_operator``, which the audit records.
+  ZooKeeper comes from ``zookeeper.hosts`` (chroot included), ``zookeeper.auth`` (znodes
+  created here carry the cluster's digest ACL) and ``zookeeper.election_path``.
+- Output: what happened, for people; ``--json`` for machines. Errors: one line, no
+  traceback, the error's exit code (2 refused or bad reason, 75 a server unavailable).
+"""
+
+from __future__ import annotations
+
+import json
+import posixpath
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import click
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+from kazoo.security import ACL
+
+from allocator import config as config_mod
+from allocator import db, fence, status
+from allocator.config import Config
+from allocator.errors import AllocatorError, UsageError
+
+MAX_REASON_CHARS = 1000
+"""As ``allocator.rebase_fence`` checks it (AL106)."""
+WRITE_ATTEMPTS = 10
+"""Versioned writes of the generation znode before giving up on a racing writer."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the command found before changing anything."""
+
+    fence: status.FenceReport
+    hosts: str
+    chroot: str
+    election_path: str
+    """The election path as the client addresses it: chroot included."""
+    database: str
+    """The database URL, password masked."""
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the command did."""
+
+    old: fence.Token
+    new_generation: int
+    reason: str
+    generation_znode: str
+    zookeeper_hosts: str
+    zookeeper: Written
+    created: list[str]
+    was_ahead_of_zookeeper: bool | None
+    record: status.RebaseRecord | None
+
+    def to_json(self) -> dict[str, Any]:
+        record = self.record
+        return {
+            "old_generation": self.old.generation,
+            "old_epoch": self.old.epoch,
+            "new_generation": self.new_generation,
+            "reason": self.reason,
+            "generation_znode": self.generation_znode,
+            "zookeeper_hosts": self.zookeeper_hosts,
+            "zookeeper_previous_generation": self.zookeeper.previous,
+            "zookeeper_znode_existed": self.zookeeper.existed,
+            "zookeeper_written": self.zookeeper.written,
+            "created_znodes": self.created,
+            "was_ahead_of_zookeeper": self.was_ahead_of_zookeeper,
+            "rebase_id": record.rebase_id if record else None,
+            "rebased_by": record.rebased_by if record else None,
+            "rebased_at": record.rebased_at.isoformat() if record else None,
+        }
+
+
+def check_reason(reason: str) -> str:
+    if not reason.strip():
+        raise UsageError("--reason must say why the fence is re-based (it is the audit record)")
+    if len(reason) > MAX_REASON_CHARS:
+        raise UsageError(
+            f"--reason is {len(reason)} characters long; at most {MAX_REASON_CHARS} are kept"
+        )
+    return reason
+
+
+def read_plan(client: KazooClient, config: Config, url: str) -> Plan:
+    """Step 1: the database's fence, then ZooKeeper's view of it (that order: see
+    :mod:`allocator.status`). Changes nothing."""
+    pool, _terms = db.read_status(
+        url, history_limit=1, connect_timeout_s=config.postgres.connect_timeout_s
+    )
+    servers, chroot = status.split_hosts(config.zookeeper.hosts)
+    election_path = chroot + config.zookeeper.election_path
+    with status.zookeeper_errors(config, "read the fence generation"):
+        zk_fence = status.read_zookeeper_fence(client, election_path, config)
+    report = status.FenceReport(pool.generation, pool.epoch, pool.holder, zk_fence)
+    return Plan(report, servers, chroot, election_path, config_mod.mask_url(url))
+
+
+def refuse_database_behind(plan: Plan) -> None:
+    zk_generation = plan.fence.zookeeper.generation
+    if zk_generation is not None and zk_generation > plan.fence.generation:
+        raise AllocatorError(
+            f"ZooKeeper holds fence generation {zk_generation}, the database only "
+            f"{plan.fence.generation}: the database was restored, not the ensemble, and a "
+            "re-base would move ZooKeeper's generation back; nothing changed"
+        )
+
+
+def describe_plan(plan: Plan) -> list[str]:
+    report = plan.fence
+    zk = report.zookeeper
+    ahead = {True: "AHEAD of ZooKeeper", False: "not ahead of ZooKeeper", None: "unknown"}
+    zk_generation = "unreadable" if zk.generation is None else str(zk.generation)
+    lines = [
+        f"database   {plan.database}",
+        f"  fence    {report.token} held by {report.holder or 'nobody'}: "
+        f"{ahead[report.ahead_of_zookeeper]}",
+        f"zookeeper  {plan.hosts}",
+        f"  {zk.generation_znode}: generation {zk_generation}; newest zxid "
+        f"{zk.newest_zxid:#x} under {plan.election_path}",
+        f"re-base to generation {report.generation + 1} (epoch 0): the current term ends "
+        "('rebased'), a leader still writing is fenced out (exit 4), and the first node in "
+        "the election takes the fence under the new generation.",
+    ]
+    if zk.problem:
+        lines.insert(4, f"  ({zk.problem}; it will be overwritten)")
+    if report.ahead_of_zookeeper is False and not zk.problem:
+        lines.append(
+            "note: the fence is not ahead of ZooKeeper; this re-base only forces a handover"
+        )
+    return lines
+
+
+def check_confirmable(yes: bool) -> None:
+    """Refuses at once when nobody could answer the question."""
+    if not yes and not sys.stdin.isatty():
+        raise UsageError(
+            "fence rebase changes the token every node is checked against; "
+            "pass --yes to confirm (stdin is not a terminal)"
+        )
+
+
+def confirm(plan: Plan, yes: bool) -> None:
+    if yes:
+        return
+    for line in describe_plan(plan):
+        click.echo(line, err=True)
+    if not click.confirm("Re-base the fence?", default=False, err=True):
+        raise AllocatorError("cancelled; nothing changed")
+
+
+def ensure_paths(
+    client: KazooClient, plan: Plan, acl: list[ACL] | None, config: Config
+) -> list[str]:
+    """Step 2: the chroot and the election path, created when missing; returns those created.
+
+    Only the chroot and what lies below it carry the cluster's ACL; parents above the
+    chroot belong to whoever shares the ensemble."""
+    created: list[str] = []
+    with status.zookeeper_errors(config, "recreate the election path"):
+        if plan.chroot and posixpath.dirname(plan.chroot) != "/":
+            status.wait(client.ensure_path_async(posixpath.dirname(plan.chroot)), config)
+        for path in filter(None, (plan.chroot, plan.election_path)):
+            if status.wait(client.exists_async(path), config) is None:
+                status.wait(client.ensure_path_async(path, acl=acl), config)
+                created.append(path)
+    return created
+
+
+class Written(NamedTuple):
+    """What step 4 found and did."""
+
+    previous: int | None
+    """The generation the znode held before; None when absent or not a number."""
+    existed: bool
+    written: bool
+
+
+def write_generation(
+    client: KazooClient, path: str, generation: int, acl: list[ACL] | None, config: Config
+) -> Written:
+    """Step 4: ``generation`` into ``path``, never lowering it."""
+    data = str(generation).encode()
+    for _ in range(WRITE_ATTEMPTS):
+        try:
+            old, stat = status.wait(client.get_async(path), config)
+        except NoNodeError:
+            try:
+                status.wait(client.create_async(path, data, acl=acl), config)
+            except NodeExistsError:
+                continue  # another writer: read again
+            return Written(None, existed=False, written=True)
+        try:
+            previous: int | None = fence.parse_generation(old)
+        except ValueError:
+            previous = None  # garbage: the re-base rewrites it
+        if previous is not None and previous >= generation:
+            return Written(previous, existed=True, written=False)
+        try:
+            status.wait(client.set_async(path, data, version=stat.version), config)
+        except BadVersionError:
+            continue
+        return Written(previous, existed=True, written=True)
+    raise AllocatorError(f"{path} kept changing under {WRITE_ATTEMPTS} attempts to write it")
+
+
+def rebase(config: Config, url: str, reason: str, yes: bool) -> Outcome:
+    """The four steps of the module docstring."""
+    check_confirmable(yes)
+    client = status.zookeeper_client(config, chroot=False)
+    status.start(client, config)
+    try:
+        plan = read_plan(client, config, url)
+        refuse_database_behind(plan)
+        confirm(plan, yes)
+        acl = status.digest_acl(config)
+        created = ensure_paths(client, plan, acl, config)
+        result = db.rebase_fence(url, reason, connect_timeout_s=config.postgres.connect_timeout_s)
+        znode = fence.generation_path(plan.election_path)
+        try:
+            with status.zookeeper_errors(config, f"write the generation into {znode}"):
+                written = write_generation(client, znode, result.new_generation, acl, config)
+        except AllocatorError as exc:
+            # Same class (same exit code), a message that says what is done and what is not.
+            raise type(exc)(
+                f"the database's fence is re-based to generation {result.new_generation} "
+                "(recorded), but ZooKeeper was not updated; run the same command again: it "
+                "advances once more and writes the generation"
+            ) from exc
+    finally:
+        status.close(client)
+    record = _latest_record(config, url, result.new_generation)
+    return Outcome(
+        old=fence.Token(result.old_generation, result.old_epoch),
+        new_generation=result.new_generation,
+        reason=reason,
+        generation_znode=znode,
+        zookeeper_hosts=plan.hosts,
+        zookeeper=written,
+        created=created,
+        was_ahead_of_zookeeper=plan.fence.ahead_of_zookeeper,
+        record=record,
+    )
+
+
+def _latest_record(config: Config, url: str, generation: int) -> status.RebaseRecord | None:
+    """The audit row just written (for "by whom"); None when it cannot be read: the re-base
+    itself is done, so a failure here is no reason to fail the command."""
+    try:
+        records = status.read_rebases(url, 1, connect_timeout_s=config.postgres.connect_timeout_s)
+    except AllocatorError:
+        return None
+    return next((r for r in records or [] if r.new_generation == generation), None)
+
+
+def outcome_lines(outcome: Outcome) -> list[str]:
+    record = outcome.record
+    who = (
+        f" as #{record.rebase_id} by {record.rebased_by} at {record.rebased_at:%Y-%m-%d %H:%M:%S%z}"
+        if record
+        else ""
+    )
+    lines = [
+        f"fence re-based: {outcome.old} -> generation {outcome.new_generation}, epoch 0",
+        f"database   recorded in allocator.fence_history{who}",
+    ]
+    lines += [f"zookeeper  created {path}" for path in outcome.created]
+    from allocator.node import FENCE_AHEAD_BACKOFF_S
+
+    before = outcome.zookeeper.previous
+    if not outcome.zookeeper.existed:
+        was = "created"
+    else:
+        was = "held no number" if before is None else f"was {before}"
+    if outcome.zookeeper.written:
+        lines.append(
+            f"zookeeper  wrote {outcome.new_generation} to {outcome.generation_znode} on "
+            f"{outcome.zookeeper_hosts} ({was})"
+        )
+    else:
+        lines.append(
+            f"zookeeper  {outcome.generation_znode} already holds generation {before} "
+            f"(a concurrent re-base); left as it is"
+        )
+    lines.append(
+        "nodes take the fence under the new generation at their next attempt (within "
+        f"{FENCE_AHEAD_BACKOFF_S:g} s); check with `allocator fence status`"
+    )
+    return lines
+
+
+@click.group("fence")
+def fence_group() -> None:
+    """The fencing token: re-base it after a ZooKeeper rebuild, or show it."""
+
+
+@fence_group.command("rebase")
+@click.option(
+    "--reason",
+    required=True,
+    allow_from_autoenv=False,
+    help="Why (1..1000 characters); recorded with who and when in allocator.fence_history.",
+)
+@click.option(
+    "--yes",
+    is_flag=True,
+    allow_from_autoenv=False,
+    help="Confirm without a prompt (needed when stdin is not a terminal).",
+)
+@click.option("--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object.")
+@click.option(
+    "--database-url",
+    default=None,
+    show_envvar=True,
+    help="PostgreSQL URL of a login role granted allocator_operator. "
+    "[default: config postgres.url]",
+)
+@config_mod.config_options
+def rebase_command(
+    reason: str,
+    yes: bool,
+    as_json: bool,
+    database_url: str | None,
+    config_path: Path | None,
+    set_pairs: tuple[str, ...],
+) -> None:
+    """Advance the fence generation after a ZooKeeper ensemble was wiped or restored.
+
+    Database first (audited), then the generation znode beside the election path.
+    """
+    check_reason(reason)
+    flags = {"postgres.url": database_url} if database_url else {}
+    config = config_mod.load_from_options(config_path, set_pairs, flags)
+    outcome = rebase(config, config.postgres.url.get_secret_value(), reason, yes)
+    if as_json:
+        click.echo(json.dumps(outcome.to_json(), indent=2))
+        return
+    for line in outcome_lines(outcome):
+        click.echo(line)
+
+
+@fence_group.command("status")
+@click.option("--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object.")
+@click.option(
+    "--database-url",
+    default=None,
+    show_envvar=True,
+    help="PostgreSQL URL (operator or node role). [default: config postgres.url]",
+)
+@config_mod.config_options
+def status_command(
+    as_json: bool, database_url: str | None, config_path: Path | None, set_pairs: tuple[str, ...]
+) -> None:
+    """The database's fence, ZooKeeper's generation and newest zxid, and the last re-bases."""
+    from allocator.commands.status import fence_lines
+
+    flags = {"postgres.url": database_url} if database_url else {}
+    config = config_mod.load_from_options(config_path, set_pairs, flags)
+    report = status.gather_fence(config)
+    data = report.to_json()
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    for line in fence_lines(data):
+        click.echo(line)
+    ahead = data["ahead_of_zookeeper"]
+    click.echo(f"ahead       {'unknown' if ahead is None else 'YES' if ahead else 'no'}")
+    click.echo("re-bases" + ("" if data["rebases"] else "    none"))
+    for record in report.rebases or []:
+        click.echo(
+            f"  #{record.rebase_id} {record.rebased_at:%Y-%m-%d %H:%M:%S%z} by "
+            f"{record.rebased_by}: {fence.Token(record.old_generation, record.old_epoch)} -> "
+            f"generation {record.new_generation}: {record.reason}"
+        )
