@@ -27,9 +27,10 @@ from allocator.errors import UsageError
     "target",
     type=click.Choice(["head", "base"]),
     default="head",
+    allow_from_autoenv=False,  # a destructive choice is typed each time (STYLE.md)
     help="head: newest schema; base: remove the allocator schema (needs --yes).",
 )
-@click.option("--yes", is_flag=True, help="Confirm a downgrade to base.")
+@click.option("--yes", is_flag=True, allow_from_autoenv=False, help="Confirm a downgrade to base.")
 @click.option("--check", is_flag=True, help="Only report; exit 1 when the schema is behind.")
 @config_mod.config_options
 def migrate_command(

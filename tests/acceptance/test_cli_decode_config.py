@@ -188,3 +188,18 @@ def test_bad_set_syntax_is_a_usage_error() -> None:
     result = run("config", "check", "--set", "pool.min_blocks")
     assert result.returncode == EX_USAGE
     assert "expected SECTION.KEY=VALUE" in result.stderr
+
+
+def test_migrate_to_base_is_never_confirmed_by_the_environment() -> None:
+    """Destructive choices are typed each time (STYLE.md): ALLOCATOR_MIGRATE_YES and
+    ALLOCATOR_MIGRATE_TO are not read. Refused before any connection is attempted."""
+    env = {"ALLOCATOR_MIGRATE_YES": "1"}
+    result = run(
+        "migrate", "--to", "base", "--database-url", "postgresql://x@127.0.0.1:1/x", env=env
+    )
+    assert result.returncode == 2
+    assert "add --yes" in result.stderr
+    env = {"ALLOCATOR_MIGRATE_TO": "base", "ALLOCATOR_MIGRATE_YES": "1"}
+    result = run("migrate", "--check", "--database-url", "postgresql://x@127.0.0.1:1/x", env=env)
+    assert "base" not in result.stderr
+    assert "add --yes" not in result.stderr
