@@ -272,8 +272,9 @@ def build_template(server: Server, blocks: int, progress: Callable[[str], None])
         progress(f"cutting {blocks:,} blocks of {BLOCK_SIZE_IDS} IDs (cut_blocks)")
         for start in range(0, blocks, CUT_BATCH_BLOCKS):
             count = min(CUT_BATCH_BLOCKS, blocks - start)
-            firsts = [_block_first_id(start + k) for k in range(count)]
-            lasts = [first + BLOCK_SIZE_IDS - 1 for first in firsts]
+            ranges = [BENCH_LAYOUT.nth_block(start + k, BLOCK_SIZE_IDS) for k in range(count)]
+            firsts = [first for first, _ in ranges]
+            lasts = [last for _, last in ranges]
             conn.execute(
                 "SELECT * FROM allocator.cut_blocks(0, %s, %s, %s, %s, 1000)",
                 (EPOCH, firsts, lasts, LAYOUT_JSON),
@@ -613,14 +614,3 @@ def run_plan(
         drop_database(server, TEMPLATE_DB)
     add_ratios(results)
     return results, template
-
-
-def _block_first_id(index: int) -> int:
-    """First ID of the ``index``-th stocked block: lanes filled in turn, from the layout's
-    epoch on (far in the past, so the database's clock bound never applies)."""
-    positions = 1 << BENCH_LAYOUT.sequence_bits
-    per_lane = positions // BLOCK_SIZE_IDS
-    per_ms = per_lane << BENCH_LAYOUT.lane_bits
-    ms, rest = divmod(index, per_ms)
-    lane, slot = divmod(rest, per_lane)
-    return BENCH_LAYOUT.encode(BENCH_LAYOUT.epoch_ms + ms, 0, lane, slot * BLOCK_SIZE_IDS)

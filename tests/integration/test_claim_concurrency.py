@@ -10,7 +10,7 @@ import threading
 import psycopg
 import pytest
 
-from tests.fixtures.pg import cut, take_fence
+from tests.fixtures.pg import cut, layout_blocks, take_fence
 
 pytestmark = pytest.mark.integration
 
@@ -40,11 +40,7 @@ def test_concurrent_claims_never_overlap(db_url: str) -> None:
         take_fence(admin, 9)
         for start in range(0, total, 1000):
             count = min(1000, total - start)
-            cut(
-                admin,
-                9,
-                [((i + start + 1) * BLOCK, (i + start + 2) * BLOCK - 1) for i in range(count)],
-            )
+            cut(admin, 9, layout_blocks(count, first_index=start + 1, size=BLOCK))
 
     results: dict[str, list[tuple[int, int, int]]] = {}
 
