@@ -12,7 +12,8 @@ from tests.fixtures.pg import claim, cut, take_fence
 pytestmark = pytest.mark.integration
 
 TABLES_0002 = {"fence", "high_water", "blocks", "leader_terms", "pool_samples"}
-TABLES = TABLES_0002 | {"cluster_layout", "fence_rebases", "fenced_writes"}
+TABLES_0003 = TABLES_0002 | {"cluster_layout", "fence_rebases", "fenced_writes"}
+TABLES = TABLES_0003 | {"held_tickets"}
 VIEWS_0002 = {"block_ledger", "pool_status", "leader_history"}
 VIEWS = VIEWS_0002 | {"fence_history", "layout"}
 FUNCTIONS_0002 = {
@@ -87,6 +88,13 @@ def test_downgrade_step_by_step_restores_each_older_schema_and_upgrade_returns(
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
         take_fence(conn, 7)
         cut(conn, 7, [(100, 199)])
+    command.downgrade(migrate._alembic_config(empty_db_url), "0003")
+    assert migrate.current_revision(empty_db_url) == "0003"
+    objects = schema_objects(empty_db_url)
+    assert objects == {"tables": TABLES_0003, "views": VIEWS, "functions": FUNCTIONS}
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        conn.execute("SELECT allocator.requeue_stranded(0, 7)")
+        assert claim(conn, "at-0003") == [(1, 100, 199)]
     command.downgrade(migrate._alembic_config(empty_db_url), "0002")
     assert migrate.current_revision(empty_db_url) == "0002"
     objects = schema_objects(empty_db_url)
@@ -109,6 +117,70 @@ def test_downgrade_step_by_step_restores_each_older_schema_and_upgrade_returns(
             " 'allocator.prune_claimed(bigint, bigint, bigint, integer)', 'EXECUTE')"
         ).fetchone()
     assert granted
+    assert schema_objects(empty_db_url)["tables"] == TABLES
+
+
+def test_0004_grants_held_tickets_to_no_writer_and_keeps_the_function_grants(
+    empty_db_url: str,
+) -> None:
+    migrate.upgrade_to_head(empty_db_url)
+    checks = {
+        ("allocator_node", "allocator.held_tickets", "INSERT,UPDATE,DELETE,SELECT"): False,
+        ("allocator_consumer", "allocator.held_tickets", "SELECT"): False,
+        ("allocator_operator", "allocator.held_tickets", "SELECT"): True,
+        ("allocator_operator", "allocator.held_tickets", "INSERT,UPDATE,DELETE"): False,
+    }
+    with psycopg.connect(empty_db_url) as conn:
+        for (role, table, privileges), expected in checks.items():
+            (has,) = conn.execute(  # type: ignore[misc]
+                "SELECT has_table_privilege(%s, %s, %s)", (role, table, privileges)
+            ).fetchone()
+            assert has is expected, (role, privileges)
+        for role, function, expected in [
+            ("allocator_consumer", "allocator.claim_blocks(text, integer)", True),
+            ("allocator_node", "allocator.claim_blocks(text, integer)", False),
+            ("allocator_node", "allocator.requeue_stranded(bigint, bigint)", True),
+            ("allocator_consumer", "allocator.requeue_stranded(bigint, bigint)", False),
+            ("allocator_consumer", "allocator.available_blocks()", True),
+            ("public", "allocator.requeue_stranded(bigint, bigint)", False),
+        ]:
+            (has,) = conn.execute(  # type: ignore[misc]
+                "SELECT has_function_privilege(%s, %s, 'EXECUTE')", (role, function)
+            ).fetchone()
+            assert has is expected, (role, function)
+
+
+def test_downgrade_to_0003_keeps_a_held_block_findable_by_the_old_requeue(
+    empty_db_url: str,
+) -> None:
+    """0003 finds a rolled-back block only above its floor: the downgrade lowers the floor
+    below the lowest held ticket before it drops held_tickets."""
+    migrate.upgrade_to_head(empty_db_url)
+    requeue = "SELECT allocator.requeue_stranded(0, 7)"
+    with (
+        psycopg.connect(empty_db_url, autocommit=True) as conn,
+        psycopg.connect(empty_db_url) as holder,
+    ):
+        take_fence(conn, 7)
+        cut(conn, 7, [(100 * i, 100 * i + 99) for i in range(1, 6)])
+        ((mine, _, _),) = claim(holder, "slow")
+        claim(conn, "others", 2)
+        conn.execute(requeue)
+        conn.execute(requeue)
+        assert conn.execute("SELECT block_id FROM allocator.held_tickets").fetchall() == [(mine,)]
+        holder.rollback()
+    command.downgrade(migrate._alembic_config(empty_db_url), "0003")
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        (floor,) = conn.execute(  # type: ignore[misc]
+            "SELECT requeued_upto FROM allocator.high_water"
+        ).fetchone()
+        (ticket,) = conn.execute(  # type: ignore[misc]
+            "SELECT ticket FROM allocator.blocks WHERE block_id = %s", (mine,)
+        ).fetchone()
+        assert floor < ticket
+        (moved,) = conn.execute(requeue).fetchone()  # type: ignore[misc]
+        assert moved == 1
+        assert mine in [b for b, _, _ in claim(conn, "others", 3)]
 
 
 def test_bad_url_is_a_clear_error() -> None:
@@ -120,3 +192,29 @@ def test_unreachable_database_is_a_clear_error(unused_tcp_port: int) -> None:
     url = f"postgresql://nobody@127.0.0.1:{unused_tcp_port}/nothing?connect_timeout=2"
     with pytest.raises(migrate.MigrationError, match="schema upgrade failed"):
         migrate.upgrade_to_head(url)
+
+
+def function_definitions(url: str) -> dict[str, tuple[str, str | None, str | None]]:
+    """Every allocator function: its definition, comment and grants."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid),"
+            " obj_description(p.oid, 'pg_proc'), p.proacl::text"
+            " FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+            " WHERE n.nspname = 'allocator'"
+        ).fetchall()
+    return {name: (definition, comment, acl) for name, definition, comment, acl in rows}
+
+
+def test_downgrade_from_0004_restores_the_0003_functions_exactly(empty_db_url: str) -> None:
+    command.upgrade(migrate._alembic_config(empty_db_url), "0003")
+    before = function_definitions(empty_db_url)
+    migrate.upgrade_to_head(empty_db_url)
+    changed = {n for n, d in function_definitions(empty_db_url).items() if before.get(n) != d}
+    assert changed == {
+        "allocator.claim_blocks(text,integer)",
+        "allocator.requeue_stranded(bigint,bigint)",
+        "allocator.available_blocks()",
+    }
+    command.downgrade(migrate._alembic_config(empty_db_url), "0003")
+    assert function_definitions(empty_db_url) == before
