@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import psycopg
 import pytest
@@ -297,3 +298,231 @@ def test_pool_status_reports_level_rate_and_mark(conn: psycopg.Connection) -> No
     ).fetchone()  # type: ignore[misc]
     assert rate == pytest.approx(0.4, rel=0.2)
     assert runway == pytest.approx(6 / rate)
+
+
+# -- a slow consumer: a claim left open (migration 0004) ------------------------------------
+
+REQUEUE = "SELECT allocator.requeue_stranded(0, %s)"
+
+
+def requeue(conn: psycopg.Connection) -> int:
+    (moved,) = conn.execute(REQUEUE, (EPOCH,)).fetchone()  # type: ignore[misc]
+    return int(moved)
+
+
+def floor_and_mark(conn: psycopg.Connection) -> tuple[int, int]:
+    row = conn.execute("SELECT requeued_upto, requeue_mark FROM allocator.high_water").fetchone()
+    assert row is not None
+    return int(row[0]), int(row[1])
+
+
+def held(conn: psycopg.Connection) -> list[int]:
+    rows = conn.execute("SELECT block_id FROM allocator.held_tickets ORDER BY block_id")
+    return [int(block_id) for (block_id,) in rows.fetchall()]
+
+
+def available(conn: psycopg.Connection) -> int:
+    (count,) = conn.execute("SELECT available_blocks FROM allocator.pool_status").fetchone()  # type: ignore[misc]
+    return int(count)
+
+
+def ticket_of(conn: psycopg.Connection, block_id: int) -> int:
+    row = conn.execute("SELECT ticket FROM allocator.blocks WHERE block_id = %s", (block_id,))
+    (ticket,) = row.fetchone()  # type: ignore[misc]
+    return int(ticket)
+
+
+def open_claim(db_url: str, consumer: str = "slow") -> tuple[psycopg.Connection, int]:
+    """A consumer that claims one block inside a transaction and keeps it open."""
+    holder = psycopg.connect(db_url)
+    ((block_id, _, _),) = claim(holder, consumer)
+    return holder, block_id
+
+
+def test_a_held_claim_no_longer_pins_the_requeue_floor(
+    conn: psycopg.Connection, db_url: str
+) -> None:
+    take_fence(conn, EPOCH)
+    cut(conn, EPOCH, blocks(1 << 22, 20))
+    holder, mine = open_claim(db_url)
+    try:
+        claim(conn, "others", 3)
+        requeue(conn)
+        requeue(conn)  # the held ticket is in this run's window: it cannot lock the row
+        floor, _ = floor_and_mark(conn)
+        assert floor >= ticket_of(conn, mine) + 3  # 0003 stopped at ticket_of(mine) - 1
+        assert held(conn) == [mine]
+        for _ in range(3):  # later runs advance the floor with the claims; the row stays held
+            claim(conn, "others", 2)
+            requeue(conn)
+        assert floor_and_mark(conn)[0] > floor
+        assert held(conn) == [mine]
+    finally:
+        holder.rollback()
+        holder.close()
+
+
+def test_a_held_ticket_is_forgotten_once_its_claim_commits(
+    conn: psycopg.Connection, db_url: str
+) -> None:
+    take_fence(conn, EPOCH)
+    cut(conn, EPOCH, blocks(1 << 22, 5))
+    holder, mine = open_claim(db_url)
+    with holder:
+        claim(conn, "others")
+        requeue(conn)
+        requeue(conn)
+        assert held(conn) == [mine]
+        assert available(conn) == 4  # an open claim's block reads as unclaimed, as in 0003
+        holder.commit()
+    assert available(conn) == 3
+    assert requeue(conn) == 0
+    assert held(conn) == []
+    (owner,) = conn.execute(  # type: ignore[misc]
+        "SELECT claimed_by FROM allocator.blocks WHERE block_id = %s", (mine,)
+    ).fetchone()
+    assert owner == "slow"
+    assert available(conn) == 3
+
+
+def test_a_held_ticket_whose_claim_rolls_back_is_requeued_and_handed_out_once(
+    conn: psycopg.Connection, db_url: str
+) -> None:
+    take_fence(conn, EPOCH)
+    cut(conn, EPOCH, blocks(1 << 22, 6))
+    holder, mine = open_claim(db_url)
+    with holder:
+        handed_out = [b for b, _, _ in claim(conn, "others", 2)]
+        requeue(conn)
+        requeue(conn)
+        assert held(conn) == [mine]
+        holder.rollback()
+    assert available(conn) == 4  # counted again at once, before any requeue
+    assert requeue(conn) == 1
+    assert held(conn) == []
+    floor, _ = floor_and_mark(conn)
+    assert ticket_of(conn, mine) > floor  # back in the queue, behind the pool
+    assert available(conn) == 4
+    handed_out += [b for b, _, _ in claim(conn, "others", 10)]
+    assert sorted(handed_out) == list(range(1, 7))  # every block once, the requeued one too
+    with pytest.raises(psycopg.Error, match="pool empty"):
+        claim(conn, "others")
+
+
+def test_the_slow_path_takes_a_rolled_back_held_block_before_the_next_requeue(
+    conn: psycopg.Connection, db_url: str
+) -> None:
+    take_fence(conn, EPOCH)
+    cut(conn, EPOCH, blocks(1 << 22, 2))
+    holder, mine = open_claim(db_url)
+    with holder:
+        (other,) = claim(conn, "others")
+        requeue(conn)
+        requeue(conn)
+        assert held(conn) == [mine]
+        with pytest.raises(psycopg.Error, match="pool empty"):
+            claim(conn, "too-soon")  # the held block is locked: skipped, never waited for
+        holder.rollback()
+    assert claim(conn, "later") == [(mine, *blocks(1 << 22, 1)[0])]
+    assert other[0] != mine
+    assert requeue(conn) == 0  # claimed by now: forgotten, not moved
+    assert held(conn) == []
+
+
+def test_available_blocks_stays_right_around_held_claims(
+    conn: psycopg.Connection, db_url: str
+) -> None:
+    take_fence(conn, EPOCH)
+    cut(conn, EPOCH, blocks(1 << 22, 10))
+    holders = [open_claim(db_url, f"slow-{i}") for i in range(3)]
+    try:
+        claim(conn, "others", 2)
+        requeue(conn)
+        requeue(conn)
+        assert len(held(conn)) == 3
+        assert available(conn) == 8
+        holders[0][0].commit()
+        holders[1][0].rollback()
+        claim(conn, "others", 2)
+        requeue(conn)
+        truth = "SELECT count(*) FROM allocator.blocks WHERE claimed_at IS NULL"
+        (unclaimed,) = conn.execute(truth).fetchone()  # type: ignore[misc]
+        assert available(conn) == unclaimed == 5  # 10 - 1 committed - 4 others (+1 held open)
+        assert held(conn) == [holders[2][1]]
+    finally:
+        for holder, _ in holders:
+            holder.rollback()
+            holder.close()
+
+
+def test_a_claim_bounds_how_long_its_transaction_may_sit_idle(
+    conn: psycopg.Connection, db_url: str
+) -> None:
+    take_fence(conn, EPOCH)
+    cut(conn, EPOCH, blocks(1 << 22, 3))
+    setting = "SHOW idle_in_transaction_session_timeout"
+    with psycopg.connect(db_url) as consumer:
+        consumer.execute("SET idle_in_transaction_session_timeout = 0")
+        consumer.commit()
+        claim(consumer, "bounded")
+        assert consumer.execute(setting).fetchone() == ("1min",)
+        consumer.commit()
+        assert consumer.execute(setting).fetchone() == ("0",)  # the transaction's only
+        consumer.commit()
+        consumer.execute("SET idle_in_transaction_session_timeout = '10s'")
+        consumer.commit()
+        claim(consumer, "bounded")
+        assert consumer.execute(setting).fetchone() == ("10s",)  # a shorter bound is kept
+        consumer.rollback()
+
+
+def wait_for_backend_gone(conn: psycopg.Connection, pid: int, deadline_s: float) -> None:
+    """Poll pg_stat_activity until the backend ``pid`` has exited (by the deadline)."""
+    until = time.monotonic() + deadline_s
+    while time.monotonic() < until:
+        row = conn.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
+        if row is None:
+            return
+        time.sleep(0.2)
+    pytest.fail(f"backend {pid} still there after {deadline_s} s")
+
+
+@pytest.mark.parametrize(
+    ("session_bound", "deadline_s"),
+    [("2s", 30.0), (None, 120.0)],
+    ids=["shorter-session-bound", "claim-blocks-own-60s-bound"],
+)
+def test_an_idle_claim_is_ended_by_the_server_and_its_block_requeued(
+    conn: psycopg.Connection, db_url: str, session_bound: str | None, deadline_s: float
+) -> None:
+    """The server ends a transaction left idle after a claim (60 s, set by claim_blocks, or
+    the session's shorter bound); the block rolls back and the leader requeues it."""
+    take_fence(conn, EPOCH)
+    cut(conn, EPOCH, blocks(1 << 22, 3))
+    holder = psycopg.connect(db_url)
+    try:
+        if session_bound:
+            holder.execute(
+                "SELECT set_config('idle_in_transaction_session_timeout', %s, false)",
+                (session_bound,),
+            )
+            holder.commit()
+        ((mine, _, _),) = claim(holder, "stalled")
+        claim(conn, "others")
+        requeue(conn)
+        requeue(conn)
+        assert held(conn) == [mine]
+        wait_for_backend_gone(conn, holder.info.backend_pid, deadline_s)
+        with pytest.raises(psycopg.Error) as ended:
+            holder.execute("SELECT 1")
+        # FATAL 25P03 when the client reads the server's last message, else just "closed"
+        assert isinstance(
+            ended.value, pg_errors.IdleInTransactionSessionTimeout | psycopg.OperationalError
+        )
+        assert holder.closed
+    finally:
+        holder.close()
+    assert requeue(conn) == 1
+    assert held(conn) == []
+    got = [b for b, _, _ in claim(conn, "others", 3)]
+    assert got.count(mine) == 1
