@@ -1,0 +1,197 @@
+"""An in-memory database for nodes: the fence, the leader history, the recorded layout, and
+each node's view of it (the :class:`allocator.ports.NodeStore` port).
+
+Rules of the fake (those of ``allocator.take_fence``, ``end_term`` and ``rebase_fence`` in
+migrations/sql/0003 that the node depends on):
+
+- :class:`FakeDatabase` is the one database all nodes of a test share; it is thread-safe.
+- ``take_fence`` moves the fence forward only: the new token ``(generation, epoch)`` must be
+  greater than the fence's, as a pair, else :class:`StaleTakeoverError`. It ends every open
+  term (``superseded``) and records the new one. The first takeover records the node's
+  layout; a takeover with another layout raises :class:`LayoutMismatchError`.
+- ``end_term`` ends the open term of exactly that token, once (False otherwise).
+- ``rebase`` is the operator's ``allocator fence rebase``: generation + 1, epoch 0, no
+  holder, open terms ended ``rebased``.
+- :class:`FakeStore` is one node's connection. ``reachable = False`` makes every call raise
+  :class:`DatabaseUnavailableError`, as a node cut off from the database sees.
+  ``clock_offset_ms`` is how far the database server's clock is from this node's: ``read_clock``
+  reads the node's clock (the ``now_ms`` it is given) and reports that offset, exactly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Literal
+
+from allocator import db
+from allocator.db import ClockReading, FenceState, Rebase, Takeover
+from allocator.errors import (
+    DatabaseUnavailableError,
+    InvalidBatchError,
+    LayoutMismatchError,
+    StaleTakeoverError,
+)
+from allocator.fence import Token
+
+DEFAULT_LAYOUT = "default layout"
+NO_FENCE = Token(0, 0)
+
+Outcome = Literal["taken", "stale", "layout_mismatch", "unreachable"]
+
+
+class FakeDatabase:
+    """The PostgreSQL server of one test, reduced to the fence and the leader history."""
+
+    def __init__(self, *, fence: Token = NO_FENCE, layout: str | None = None) -> None:
+        self._lock = threading.Lock()
+        self._fence = FenceState(epoch=fence.epoch, holder=None, generation=fence.generation)
+        self.layout = layout
+        """The layout the database recorded (None until the first takeover records one)."""
+        self._terms: list[db.Term] = []
+        self.high_water_id = -1
+
+    def take_fence(self, token: Token, holder: str, host: str, pid: int, layout: str) -> Takeover:
+        with self._lock:
+            if token.epoch <= 0 or not holder:
+                raise InvalidBatchError(f"take_fence needs a positive epoch and a holder: {token}")
+            if self.layout is None:
+                self.layout = layout
+            elif layout != self.layout:
+                raise LayoutMismatchError(
+                    f"the database recorded the layout {self.layout!r}, not {layout!r}"
+                )
+            previous = self._fence
+            if previous.token >= token:
+                raise StaleTakeoverError(
+                    f"stale takeover: token {token} is not newer than the fence {previous.token}"
+                )
+            self._fence = FenceState(epoch=token.epoch, holder=holder, generation=token.generation)
+            now = datetime.now(UTC)
+            self._end_open_terms("superseded", now)
+            self._terms.append(
+                db.Term(
+                    epoch=token.epoch,
+                    holder=holder,
+                    host=host,
+                    pid=pid,
+                    elected_at=now,
+                    ended_at=None,
+                    end_reason=None,
+                    generation=token.generation,
+                )
+            )
+            return Takeover(
+                high_water_id=self.high_water_id,
+                previous_generation=previous.generation,
+                previous_epoch=previous.epoch,
+            )
+
+    def end_term(self, token: Token, reason: str) -> bool:
+        with self._lock:
+            for index, term in enumerate(self._terms):
+                if (term.generation, term.epoch) == token and term.ended_at is None:
+                    self._terms[index] = dataclasses.replace(
+                        term, ended_at=datetime.now(UTC), end_reason=reason or "ended"
+                    )
+                    return True
+            return False
+
+    def rebase(self) -> Rebase:
+        """``allocator fence rebase``: the next generation, from epoch 0."""
+        with self._lock:
+            old = self._fence
+            self._fence = FenceState(epoch=0, holder=None, generation=old.generation + 1)
+            self._end_open_terms("rebased", datetime.now(UTC))
+            return Rebase(
+                old_generation=old.generation,
+                old_epoch=old.epoch,
+                new_generation=old.generation + 1,
+            )
+
+    def fence(self) -> FenceState:
+        with self._lock:
+            return self._fence
+
+    def history(self) -> list[db.Term]:
+        """Every term, oldest first."""
+        with self._lock:
+            return list(self._terms)
+
+    def term_of(self, token: Token) -> db.Term | None:
+        with self._lock:
+            return next((t for t in self._terms if (t.generation, t.epoch) == token), None)
+
+    def _end_open_terms(self, reason: str, now: datetime) -> None:
+        self._terms = [
+            dataclasses.replace(t, ended_at=now, end_reason=reason) if t.ended_at is None else t
+            for t in self._terms
+        ]
+
+
+class FakeStore:
+    """One node's connection to a :class:`FakeDatabase` (the ``NodeStore`` port)."""
+
+    def __init__(
+        self, database: FakeDatabase, *, layout: str = DEFAULT_LAYOUT, clock_offset_ms: float = 0.0
+    ) -> None:
+        self.database = database
+        self.layout = layout
+        self.reachable = True
+        self.clock_offset_ms = clock_offset_ms
+        self.opened = False
+        self.closed = False
+        self._lock = threading.Lock()
+        self.takeovers: list[tuple[Token, Outcome]] = []
+        """Every ``take_fence`` this node asked for, with what came of it."""
+
+    def open(self, timeout: float | None = None) -> None:
+        self._check_reachable("open the node database pool")
+        self.opened = True
+
+    def close(self, timeout: float = 5.0) -> None:
+        self.closed = True
+
+    def take_fence(self, token: Token, holder: str, host: str, pid: int) -> Takeover:
+        outcome: Outcome = "unreachable"
+        try:
+            self._check_reachable("take the fence")
+            takeover = self.database.take_fence(token, holder, host, pid, self.layout)
+            outcome = "taken"
+            return takeover
+        except StaleTakeoverError:
+            outcome = "stale"
+            raise
+        except LayoutMismatchError:
+            outcome = "layout_mismatch"
+            raise
+        finally:
+            with self._lock:
+                self.takeovers.append((token, outcome))
+
+    def end_term(self, token: Token, reason: str) -> bool:
+        self._check_reachable("end the term")
+        return self.database.end_term(token, reason)
+
+    def fence(self) -> FenceState:
+        self._check_reachable("read the fence")
+        return self.database.fence()
+
+    def read_clock(self, now_ms: Callable[[], float]) -> ClockReading:
+        self._check_reachable("read the database clock")
+        node_ms = now_ms()
+        return ClockReading(
+            offset_ms=self.clock_offset_ms,
+            uncertainty_ms=0.0,
+            db_ms=round(node_ms + self.clock_offset_ms),
+        )
+
+    def outcomes(self) -> list[Outcome]:
+        with self._lock:
+            return [outcome for _token, outcome in self.takeovers]
+
+    def _check_reachable(self, what: str) -> None:
+        if not self.reachable:
+            raise DatabaseUnavailableError(f"{what}: the database is unreachable (fake)")

@@ -1,0 +1,576 @@
+"""An in-memory ZooKeeper ensemble and a fake kazoo client with exactly the calls the node makes.
+
+The calls are those of :mod:`allocator.election` and :mod:`allocator.node`: ``start``,
+``stop``, ``close``, ``add_listener``, ``remove_listener``, ``client_id``, ``connected``, the
+``*_async`` calls (``ensure_path``, ``create``, ``exists``, ``get_children``, ``get``, ``set``,
+``delete``, ``sync``) and the blocking ``sync``, ``get_children`` and ``get`` of
+``read_contenders``. Anything else is missing on purpose: a new call in the product shows up
+here as an ``AttributeError``, and the fake grows by exactly that call.
+
+Rules of the fake (ZooKeeper's and kazoo's, where the node depends on them):
+
+- zxids: every write (a create, a set, a delete, the close of a session) takes the next zxid.
+  They start at ``epoch << 32`` (the high half of a real zxid is the ZooKeeper leader epoch)
+  and only grow, until :meth:`FakeEnsemble.wipe` starts them again at epoch 1, as an ensemble
+  rebuilt from nothing does.
+- A znode's ``czxid`` is the zxid of its create. A parent's ``pzxid`` is the zxid of the
+  latest create or delete of a child (its own czxid before any); its ``cversion`` counts those
+  changes and is the 10-digit suffix of a sequential child (``<prefix>0000000007``).
+- Ephemeral znodes belong to a session (``ephemeralOwner``), vanish when it ends (stop,
+  expiry, wipe) and cannot have children.
+- Watches: only ``exists`` watches, one-shot, fired by the create, set or delete of their
+  path (CREATED, CHANGED, DELETED). When a client loses its connection its pending watches
+  fire once with ``EventType.NONE`` and are dropped, as kazoo does.
+- Async calls run at once; the returned object's ``get(timeout)`` returns the result or raises
+  what kazoo would raise (``NoNodeError``, ``NodeExistsError``, ...).
+- Client states, as kazoo reports them to listeners: ``start`` opens a session (CONNECTED);
+  ``stop`` closes it (ephemerals deleted) and reports LOST; ``close`` comes after ``stop``.
+  :meth:`FakeEnsemble.expire` ends a session on the server (ephemerals deleted at once) and
+  its client reports SUSPENDED, then LOST, then (kazoo reconnects by itself) CONNECTED with a
+  new session.
+  :meth:`FakeEnsemble.wipe` loses all data and sessions; connected clients report SUSPENDED
+  and stay so (a rebuilt ensemble refuses a client that has seen a newer zxid), and only a
+  new client connects again.
+- Requests: while SUSPENDED an async call's ``get`` raises ``KazooTimeoutError`` (a real
+  request waits for a reconnect that does not come within the timeout) and a blocking call
+  raises ``ConnectionLoss``; after LOST without a new session ``SessionExpiredError``; on a
+  stopped or never-started client ``ConnectionClosedError``.
+- Threads: listeners and watch callbacks run on the thread that caused them (the test's, for
+  ``expire`` and ``wipe``), never under the ensemble's lock. They must not block, as kazoo
+  demands of them anyway. Once ``remove_listener`` returns, that listener is not called again.
+"""
+
+from __future__ import annotations
+
+import itertools
+import posixpath
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Generic, Literal, TypeVar, cast
+
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionClosedError,
+    ConnectionLoss,
+    KazooException,
+    NoChildrenForEphemeralsError,
+    NodeExistsError,
+    NoNodeError,
+    NotEmptyError,
+    SessionExpiredError,
+)
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent, ZnodeStat
+
+from allocator import fence
+
+T = TypeVar("T")
+Watch = Callable[[WatchedEvent], object]
+Listener = Callable[[KazooState], object]
+ClientState = Literal["new", "connected", "suspended", "expired", "closed"]
+
+SEQUENCE_DIGITS = 10
+FIRST_SESSION_ID = 0x1_8000_0000_0000
+
+
+@dataclass
+class _Znode:
+    data: bytes
+    czxid: int
+    owner: int  # session id of an ephemeral znode, 0 for a persistent one
+    mzxid: int
+    pzxid: int
+    version: int = 0
+    cversion: int = 0
+
+    def stat(self, children: int) -> ZnodeStat:
+        return ZnodeStat(
+            czxid=self.czxid,
+            mzxid=self.mzxid,
+            ctime=0,
+            mtime=0,
+            version=self.version,
+            cversion=self.cversion,
+            aversion=0,
+            ephemeralOwner=self.owner,
+            dataLength=len(self.data),
+            numChildren=children,
+            pzxid=self.pzxid,
+        )
+
+
+@dataclass(frozen=True)
+class _Firing:
+    """A watch to call once the ensemble's lock is released."""
+
+    watch: Watch
+    event: WatchedEvent
+
+    def __call__(self) -> None:
+        self.watch(self.event)
+
+
+class FakeResult(Generic[T]):
+    """What a kazoo ``*_async`` call returns. The call has already run."""
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        self._value: T | None = None
+        self._error: BaseException | None = None
+        try:
+            self._value = call()
+        except (KazooException, KazooTimeoutError) as exc:
+            self._error = exc
+
+    def get(self, block: bool = True, timeout: float | None = None) -> T:
+        if self._error is not None:
+            raise self._error
+        return cast(T, self._value)
+
+
+class FakeEnsemble:
+    """The ZooKeeper servers of one test: a znode tree, its zxids, sessions and watches."""
+
+    def __init__(self, epoch: int = 1) -> None:
+        self._lock = threading.RLock()
+        self._session_ids = itertools.count(FIRST_SESSION_ID)  # never reused, even by wipe()
+        self._sessions: dict[int, FakeKazooClient] = {}
+        self._clear(epoch)
+
+    def _clear(self, epoch: int) -> None:
+        self._zxid = epoch << 32
+        self._nodes: dict[str, _Znode] = {"/": _Znode(b"", czxid=0, owner=0, mzxid=0, pzxid=0)}
+        self._watches: dict[str, list[tuple[FakeKazooClient, Watch]]] = {}
+
+    # -- what a test does to the ensemble ---------------------------------------------------
+
+    def client(self) -> FakeKazooClient:
+        """A new, unstarted client (a fake contender, an operator)."""
+        return FakeKazooClient(self)
+
+    def expire(self, session_id: int, *, reconnect: bool = True) -> None:
+        """End a session on the server, as a second client with its id closing it does (the
+        real-expiry recipe of KAZOO-NOTES): its ephemerals vanish at once and its client reports
+        SUSPENDED then LOST, then, like kazoo, CONNECTED with a new session (``reconnect``)."""
+        with self._lock:
+            client = self._sessions.get(session_id)
+        if client is None:
+            raise KeyError(f"no live session {session_id:#x}")
+        client._disconnected()
+        self._fire(self._close_session(session_id))
+        client._expired(reconnect=reconnect)
+
+    def wipe(self) -> None:
+        """Lose every znode and session, as an ensemble rebuilt from nothing; zxids start
+        again at epoch 1. Connected clients stay SUSPENDED for good."""
+        with self._lock:
+            clients = list(self._sessions.values())
+            self._sessions.clear()
+        for client in clients:
+            client._disconnected()
+        with self._lock:
+            self._clear(epoch=1)
+
+    def set_generation(self, election_path: str, generation: int) -> None:
+        """Write the fence generation beside ``election_path``, as ``allocator fence rebase``
+        does (a persistent znode holding a decimal number; parents created as needed)."""
+        path = fence.generation_path(election_path)
+        data = str(generation).encode()
+        firings: list[_Firing] = []
+        with self._lock:
+            self._ensure_locked(posixpath.dirname(path), firings)
+            if path in self._nodes:
+                firings += self._set_locked(path, data, -1)
+            else:
+                firings += self._create_locked(path, data, owner=0)
+        self._fire(firings)
+
+    # -- what a test reads ----------------------------------------------------------------
+
+    @property
+    def last_zxid(self) -> int:
+        with self._lock:
+            return self._zxid
+
+    def exists(self, path: str) -> bool:
+        with self._lock:
+            return path in self._nodes
+
+    def children(self, path: str) -> list[str]:
+        """Names of the children of ``path`` ([] when it does not exist)."""
+        with self._lock:
+            return self._children_locked(path) if path in self._nodes else []
+
+    def data(self, path: str) -> bytes:
+        with self._lock:
+            return self._node_locked(path).data
+
+    def stat(self, path: str) -> ZnodeStat:
+        with self._lock:
+            return self._node_locked(path).stat(len(self._children_locked(path)))
+
+    def live_sessions(self) -> set[int]:
+        with self._lock:
+            return set(self._sessions)
+
+    # -- what a client asks (each checks the session under the lock) ------------------------
+
+    def _open_session(self, client: FakeKazooClient) -> int:
+        with self._lock:
+            session_id = next(self._session_ids)
+            self._sessions[session_id] = client
+            return session_id
+
+    def _close_session(self, session_id: int) -> list[_Firing]:
+        """The closeSession transaction: one zxid deletes every ephemeral of the session."""
+        with self._lock:
+            if self._sessions.pop(session_id, None) is None:
+                return []
+            owned = [path for path, node in self._nodes.items() if node.owner == session_id]
+            if not owned:
+                return []
+            zxid = self._next_zxid()
+            firings: list[_Firing] = []
+            for path in owned:
+                firings += self._delete_locked(path, -1, zxid)
+            return firings
+
+    def _create(
+        self, session_id: int, path: str, data: bytes, *, ephemeral: bool, sequence: bool
+    ) -> str:
+        with self._lock:
+            self._require_session(session_id)
+            if sequence:
+                parent = self._node_locked(posixpath.dirname(path))
+                path = f"{path}{parent.cversion:0{SEQUENCE_DIGITS}d}"
+            firings = self._create_locked(path, data, owner=session_id if ephemeral else 0)
+        self._fire(firings)
+        return path
+
+    def _ensure_path(self, session_id: int, path: str) -> bool:
+        firings: list[_Firing] = []
+        with self._lock:
+            self._require_session(session_id)
+            self._ensure_locked(path, firings)
+        self._fire(firings)
+        return True
+
+    def _exists(
+        self, session_id: int, client: FakeKazooClient, path: str, watch: Watch | None
+    ) -> ZnodeStat | None:
+        with self._lock:
+            self._require_session(session_id)
+            if watch is not None:
+                self._watches.setdefault(path, []).append((client, watch))
+            node = self._nodes.get(path)
+            return None if node is None else node.stat(len(self._children_locked(path)))
+
+    def _get_children(self, session_id: int, path: str) -> list[str]:
+        with self._lock:
+            self._require_session(session_id)
+            self._node_locked(path)
+            return self._children_locked(path)
+
+    def _get(self, session_id: int, path: str) -> tuple[bytes, ZnodeStat]:
+        with self._lock:
+            self._require_session(session_id)
+            node = self._node_locked(path)
+            return node.data, node.stat(len(self._children_locked(path)))
+
+    def _set(self, session_id: int, path: str, data: bytes, version: int) -> ZnodeStat:
+        with self._lock:
+            self._require_session(session_id)
+            firings = self._set_locked(path, data, version)
+            stat = self._nodes[path].stat(len(self._children_locked(path)))
+        self._fire(firings)
+        return stat
+
+    def _delete(self, session_id: int, path: str, version: int) -> bool:
+        with self._lock:
+            self._require_session(session_id)
+            firings = self._delete_locked(path, version)
+        self._fire(firings)
+        return True
+
+    def _sync(self, session_id: int, path: str) -> str:
+        with self._lock:
+            self._require_session(session_id)  # one server here: every read is up to date
+            return path
+
+    def _drop_watches(self, client: FakeKazooClient) -> list[Watch]:
+        with self._lock:
+            dropped: list[Watch] = []
+            for path, watches in list(self._watches.items()):
+                dropped += [watch for owner, watch in watches if owner is client]
+                kept = [(owner, watch) for owner, watch in watches if owner is not client]
+                if kept:
+                    self._watches[path] = kept
+                else:
+                    del self._watches[path]
+            return dropped
+
+    # -- the tree, under the lock -----------------------------------------------------------
+
+    def _next_zxid(self) -> int:
+        self._zxid += 1
+        return self._zxid
+
+    def _require_session(self, session_id: int) -> None:
+        if session_id not in self._sessions:
+            raise SessionExpiredError()
+
+    def _node_locked(self, path: str) -> _Znode:
+        node = self._nodes.get(path)
+        if node is None:
+            raise NoNodeError(path)
+        return node
+
+    def _children_locked(self, path: str) -> list[str]:
+        prefix = path.rstrip("/") + "/"
+        names = (p[len(prefix) :] for p in self._nodes if p.startswith(prefix))
+        return sorted(name for name in names if name and "/" not in name)
+
+    def _create_locked(self, path: str, data: bytes, owner: int) -> list[_Firing]:
+        if not path.startswith("/") or path.endswith("/"):
+            raise ValueError(f"bad znode path {path!r}")
+        parent = self._node_locked(posixpath.dirname(path))
+        if parent.owner:
+            raise NoChildrenForEphemeralsError(path)
+        if path in self._nodes:
+            raise NodeExistsError(path)
+        zxid = self._next_zxid()
+        self._nodes[path] = _Znode(data, czxid=zxid, owner=owner, mzxid=zxid, pzxid=zxid)
+        parent.pzxid = zxid
+        parent.cversion += 1
+        return self._take_watches(path, EventType.CREATED)
+
+    def _ensure_locked(self, path: str, firings: list[_Firing]) -> None:
+        current = ""
+        for part in path.strip("/").split("/"):
+            if not part:
+                continue
+            current = f"{current}/{part}"
+            if current not in self._nodes:
+                firings += self._create_locked(current, b"", owner=0)
+
+    def _set_locked(self, path: str, data: bytes, version: int) -> list[_Firing]:
+        node = self._node_locked(path)
+        if version not in (-1, node.version):
+            raise BadVersionError(path)
+        node.data = data
+        node.mzxid = self._next_zxid()
+        node.version += 1
+        return self._take_watches(path, EventType.CHANGED)
+
+    def _delete_locked(self, path: str, version: int, zxid: int | None = None) -> list[_Firing]:
+        """Delete ``path`` in its own transaction, or in ``zxid``'s (a session's close)."""
+        node = self._node_locked(path)
+        if version not in (-1, node.version):
+            raise BadVersionError(path)
+        if self._children_locked(path):
+            raise NotEmptyError(path)
+        zxid = self._next_zxid() if zxid is None else zxid
+        del self._nodes[path]
+        parent = self._nodes[posixpath.dirname(path)]
+        parent.pzxid = zxid
+        parent.cversion += 1
+        return self._take_watches(path, EventType.DELETED)
+
+    def _take_watches(self, path: str, event_type: str) -> list[_Firing]:
+        event = WatchedEvent(event_type, KeeperState.CONNECTED, path)
+        return [_Firing(watch, event) for _client, watch in self._watches.pop(path, [])]
+
+    @staticmethod
+    def _fire(firings: list[_Firing]) -> None:
+        for firing in firings:
+            firing()
+
+
+class FakeKazooClient:
+    """One kazoo client of a :class:`FakeEnsemble` (see the module rules)."""
+
+    def __init__(self, ensemble: FakeEnsemble) -> None:
+        self._ensemble = ensemble
+        self._lock = threading.RLock()  # state changes and listener calls, one at a time
+        self._listeners: list[Listener] = []
+        self._state: ClientState = "new"
+        self._session_id: int | None = None
+        self.sessions: list[int] = []
+        """Every session this client had, oldest first."""
+        self.closed = False
+
+    # -- lifecycle and state --------------------------------------------------------------
+
+    def start(self, timeout: float = 15.0) -> None:
+        with self._lock:
+            if self._state == "connected":
+                return
+            if self._state in ("suspended", "expired"):
+                raise NotImplementedError(f"fake: start() on a {self._state} client")
+            self._connect()
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._state in ("new", "closed"):
+                return
+            session_id, self._session_id = self._session_id, None
+            before, self._state = self._state, "closed"
+        if session_id is not None:
+            self._ensemble._fire(self._ensemble._close_session(session_id))
+        self._reset_watches()
+        if before != "expired":
+            self._report(KazooState.LOST)
+
+    def close(self) -> None:
+        """Free the client (kazoo: call it on a stopped client); a closed client stays closed."""
+        with self._lock:
+            assert self._state in ("new", "closed"), "close() before stop()"
+            self.closed = True
+
+    def add_listener(self, listener: Listener) -> None:
+        with self._lock:
+            self._listeners.append(listener)
+
+    def remove_listener(self, listener: Listener) -> None:
+        with self._lock:
+            if listener in self._listeners:
+                self._listeners.remove(listener)
+
+    @property
+    def client_id(self) -> tuple[int, bytes] | None:
+        """(session id, password) while connected, else None (as kazoo)."""
+        with self._lock:
+            if self._state != "connected" or self._session_id is None:
+                return None
+            return self._session_id, self._session_id.to_bytes(16, "big")
+
+    @property
+    def connected(self) -> bool:
+        with self._lock:
+            return self._state == "connected"
+
+    @property
+    def state(self) -> KazooState:
+        with self._lock:
+            if self._state == "connected":
+                return KazooState.CONNECTED
+            return KazooState.SUSPENDED if self._state == "suspended" else KazooState.LOST
+
+    def _connect(self) -> None:
+        with self._lock:
+            self._session_id = self._ensemble._open_session(self)
+            self.sessions.append(self._session_id)
+            self._state = "connected"
+            self._report(KazooState.CONNECTED)
+
+    def _disconnected(self) -> None:
+        """The connection dropped: SUSPENDED, pending watches fire with NONE."""
+        with self._lock:
+            if self._state != "connected":
+                return
+            self._state = "suspended"
+            self._report(KazooState.SUSPENDED)
+        self._reset_watches()
+
+    def _expired(self, *, reconnect: bool) -> None:
+        """The server said the session expired: LOST, then (kazoo) a new session."""
+        with self._lock:
+            if self._state != "suspended":
+                return
+            self._state = "expired"
+            self._session_id = None
+            self._report(KazooState.LOST)
+            if reconnect:
+                self._connect()
+
+    def _report(self, state: KazooState) -> None:
+        with self._lock:
+            for listener in list(self._listeners):
+                listener(state)
+
+    def _reset_watches(self) -> None:
+        event = WatchedEvent(EventType.NONE, KeeperState.CONNECTING, None)
+        for watch in self._ensemble._drop_watches(self):
+            watch(event)
+
+    def _session(self, *, blocking: bool) -> int:
+        """The session a request goes out on, or what kazoo raises instead."""
+        with self._lock:
+            if self._state == "connected" and self._session_id is not None:
+                return self._session_id
+            if self._state == "suspended":
+                if blocking:
+                    raise ConnectionLoss()
+                raise KazooTimeoutError("fake: no reply while the connection is down")
+            if self._state == "expired":
+                raise SessionExpiredError()
+            raise ConnectionClosedError("Connection has been closed")
+
+    # -- requests -------------------------------------------------------------------------
+
+    def ensure_path_async(self, path: str) -> FakeResult[bool]:
+        return FakeResult(lambda: self._ensemble._ensure_path(self._session(blocking=False), path))
+
+    def create_async(
+        self,
+        path: str,
+        value: bytes = b"",
+        *,
+        ephemeral: bool = False,
+        sequence: bool = False,
+    ) -> FakeResult[str]:
+        return FakeResult(
+            lambda: self._ensemble._create(
+                self._session(blocking=False), path, value, ephemeral=ephemeral, sequence=sequence
+            )
+        )
+
+    def exists_async(self, path: str, watch: Watch | None = None) -> FakeResult[ZnodeStat | None]:
+        return FakeResult(
+            lambda: self._ensemble._exists(self._session(blocking=False), self, path, watch)
+        )
+
+    def get_children_async(self, path: str) -> FakeResult[list[str]]:
+        return FakeResult(lambda: self._ensemble._get_children(self._session(blocking=False), path))
+
+    def get_async(self, path: str) -> FakeResult[tuple[bytes, ZnodeStat]]:
+        return FakeResult(lambda: self._ensemble._get(self._session(blocking=False), path))
+
+    def set_async(self, path: str, value: bytes, version: int = -1) -> FakeResult[ZnodeStat]:
+        return FakeResult(
+            lambda: self._ensemble._set(self._session(blocking=False), path, value, version)
+        )
+
+    def delete_async(self, path: str, version: int = -1) -> FakeResult[bool]:
+        return FakeResult(
+            lambda: self._ensemble._delete(self._session(blocking=False), path, version)
+        )
+
+    def sync_async(self, path: str) -> FakeResult[str]:
+        return FakeResult(lambda: self._ensemble._sync(self._session(blocking=False), path))
+
+    def sync(self, path: str) -> str:
+        return self._ensemble._sync(self._session(blocking=True), path)
+
+    def get_children(self, path: str) -> list[str]:
+        return self._ensemble._get_children(self._session(blocking=True), path)
+
+    def get(self, path: str) -> tuple[bytes, ZnodeStat]:
+        return self._ensemble._get(self._session(blocking=True), path)
+
+
+class ClientFactory:
+    """A node's ``zookeeper`` factory on one ensemble; remembers every client it built."""
+
+    def __init__(self, ensemble: FakeEnsemble) -> None:
+        self._ensemble = ensemble
+        self.built: list[FakeKazooClient] = []
+
+    def __call__(self) -> FakeKazooClient:
+        client = FakeKazooClient(self._ensemble)
+        self.built.append(client)
+        return client
+
+    @property
+    def latest(self) -> FakeKazooClient:
+        return self.built[-1]

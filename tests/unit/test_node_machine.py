@@ -1,0 +1,531 @@
+"""The node's state machine without servers: real :class:`~allocator.node.Node` objects on the
+in-memory fakes of :mod:`tests.fakes` (ZooKeeper ensemble and clients, database, leader jobs,
+the health record's monotonic clock).
+
+Each test runs its nodes in threads and drives them from outside, through the fakes' controls
+only (expire a session, wipe the ensemble, cut a node off the database, skew its clock, play
+the jobs' part), then waits for what the node must do: its role, exit code, znode, metrics,
+``/status`` snapshot, and what it told the database and its jobs.
+
+Rules: tests assert behaviour, never timing. Every wait polls a condition up to a deadline;
+nothing sleeps to "let things settle". Every node thread is stopped with ``request_stop`` and
+joined with a timeout by the ``cluster`` fixture, whatever the test did. Time that the rules
+measure (clock skew, no successful write) passes on the fake clock, by ``advance``. The node's
+pacing constants (re-check, handover check, back-offs) are shortened with ``monkeypatch`` so
+the file runs in seconds; no assertion depends on them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Literal, TypeVar
+
+import pytest
+from kazoo.exceptions import NoNodeError
+
+from allocator import node as node_module
+from allocator.config import Config, load_config
+from allocator.election import Identity, ordered, sequence_of
+from allocator.errors import LayoutMismatchError
+from allocator.fence import Token
+from allocator.health import NodeHealth
+from allocator.leadership import Term
+from allocator.node import EXIT_CONFIG, EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node
+from tests.fakes import (
+    DEFAULT_LAYOUT,
+    ClientFactory,
+    FakeDatabase,
+    FakeEnsemble,
+    FakeJobs,
+    FakeKazooClient,
+    FakeMonotonic,
+    FakeStore,
+)
+
+T = TypeVar("T")
+
+ELECTION = "/election"
+WAIT_S = 10.0
+POLL_S = 0.01
+ENSEMBLE_EPOCH = 5
+"""The fixture's ensemble has had a few ZooKeeper leader epochs; a wiped one restarts at 1."""
+CLOCK_SKEW_HANDOVER_S = 10.0
+DB_UNREACHABLE_S = 15.0
+SKEWED_MS = 5_000.0
+"""Far beyond ``pool.max_clock_skew_ms`` (500 by default)."""
+FAST_PACING_S = {
+    "RECHECK_INTERVAL_S": 0.02,
+    "HANDOVER_CHECK_INTERVAL_S": 0.02,
+    "STALE_TAKEOVER_BACKOFF_S": 0.02,
+    "FENCE_AHEAD_BACKOFF_S": 0.02,
+}
+
+
+def wait_for(what: str, condition: Callable[[], T | Literal[False] | None]) -> T:
+    """Poll ``condition`` until it returns something true (returned) or ``WAIT_S`` passes."""
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {WAIT_S} s: {what}")
+        time.sleep(POLL_S)
+
+
+def node_config(name: str, settings: Mapping[str, object]) -> Config:
+    return load_config(
+        None,
+        {
+            "node.name": name,
+            "node.admin_address": "127.0.0.1:0",
+            "zookeeper.election_path": ELECTION,
+            "zookeeper.session_timeout_ms": 400,  # the node's own suspension timer
+            "leader.probe_interval_s": 0.02,
+            "leader.clock_skew_handover_s": CLOCK_SKEW_HANDOVER_S,
+            "leader.db_unreachable_s": DB_UNREACHABLE_S,
+            **settings,
+        },
+        env={},
+    )
+
+
+def name_of(znode: str) -> str:
+    return znode.rsplit("/", 1)[1]
+
+
+def sequence(znode: str) -> int:
+    return sequence_of(name_of(znode))
+
+
+@dataclass
+class Member:
+    """One node under test, its own fakes, and the thread running it."""
+
+    node: Node
+    ensemble: FakeEnsemble
+    store: FakeStore
+    jobs: FakeJobs
+    clock: FakeMonotonic
+    clients: ClientFactory
+    thread: threading.Thread | None = None
+    exit_code: int | None = None
+    error: Exception | None = None
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    def start(self) -> Member:
+        self.thread = threading.Thread(target=self._run, name=f"node-{self.name}", daemon=True)
+        self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            self.exit_code = self.node.run()
+        except Exception as exc:  # reported by wait_exit / the fixture
+            self.error = exc
+
+    def wait_exit(self) -> int:
+        """The node's exit code, once it ended by itself."""
+        assert self.thread is not None
+        self.thread.join(WAIT_S)
+        if self.thread.is_alive():
+            raise AssertionError(f"node {self.name} did not exit within {WAIT_S} s")
+        if self.error is not None:
+            raise AssertionError(f"node {self.name} failed: {self.error!r}") from self.error
+        assert self.exit_code is not None
+        return self.exit_code
+
+    # -- what the test observes ---------------------------------------------------------
+
+    def leading(self) -> Term | None:
+        """The term this node leads in, while its jobs run and it may write."""
+        term = self.jobs.term
+        if term is None or not term.may_write() or self.node.role != "leader":
+            return None
+        return term
+
+    def znode(self) -> str | None:
+        znode: str | None = self.node.snapshot()["znode"]
+        return znode
+
+    def advert(self) -> Identity | None:
+        """What this node's znode advertises (None while it has none)."""
+        znode = self.znode()
+        if znode is None:
+            return None
+        try:
+            return Identity.from_bytes(self.ensemble.data(znode))
+        except NoNodeError:
+            return None
+
+    def metric(self, name: str) -> float | None:
+        return self.node.metrics.registry.get_sample_value(name)
+
+
+class Cluster:
+    """The fakes one test shares (an ensemble, a database) and the nodes it started."""
+
+    def __init__(self, ensemble: FakeEnsemble) -> None:
+        self.ensemble = ensemble
+        self.database = FakeDatabase()
+        self.members: list[Member] = []
+        self._clients: list[FakeKazooClient] = []
+
+    def node(
+        self,
+        name: str,
+        settings: Mapping[str, object] | None = None,
+        *,
+        clock_offset_ms: float = 0.0,
+    ) -> Member:
+        """Start a node named ``name``; the database's clock is ``clock_offset_ms`` off its."""
+        clients = ClientFactory(self.ensemble)
+        store = FakeStore(self.database, clock_offset_ms=clock_offset_ms)
+        jobs = FakeJobs()
+        clock = FakeMonotonic()
+        node = Node(
+            node_config(name, settings or {}),
+            store=store,
+            zookeeper=clients,
+            jobs=jobs,
+            health=NodeHealth(clock=clock),
+        )
+        member = Member(node, self.ensemble, store, jobs, clock, clients)
+        self.members.append(member)
+        return member.start()
+
+    def contender(self, identity: Identity) -> tuple[FakeKazooClient, str]:
+        """A queued contender that is no node: a znode of its own session, for its data."""
+        client = self.ensemble.client()
+        self._clients.append(client)
+        client.start()
+        prefix = f"{ELECTION}/n-{uuid.uuid4().hex}-"
+        znode = client.create_async(prefix, identity.to_bytes(), ephemeral=True, sequence=True)
+        return client, znode.get()
+
+    def stop(self) -> None:
+        """Stop every node (request_stop), join each with a timeout, report what went wrong."""
+        for member in self.members:
+            member.node.request_stop("test over")
+        problems: list[str] = []
+        first_error: Exception | None = None
+        for member in self.members:
+            assert member.thread is not None
+            member.thread.join(WAIT_S)
+            if member.thread.is_alive():
+                problems.append(f"node {member.name} did not stop within {WAIT_S} s")
+            elif member.error is not None:
+                problems.append(f"node {member.name} failed: {member.error!r}")
+                first_error = first_error or member.error
+        for client in self._clients:
+            client.stop()
+            client.close()
+        if problems:
+            raise AssertionError("; ".join(problems)) from first_error
+
+
+@pytest.fixture
+def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
+    for constant, seconds in FAST_PACING_S.items():
+        monkeypatch.setattr(node_module, constant, seconds)
+    cluster = Cluster(FakeEnsemble(epoch=ENSEMBLE_EPOCH))
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def fit(name: str = "contender") -> Identity:
+    return Identity(name, "elsewhere", 1, "", db_ok=True, clock_ok=True)
+
+
+# -- the baseline ------------------------------------------------------------------------------
+
+
+def test_a_node_takes_the_fence_with_its_znodes_czxid_and_stops_gracefully(
+    cluster: Cluster,
+) -> None:
+    a = cluster.node("a")
+    term = wait_for("a leads", a.leading)
+    znode = a.znode()
+    assert znode is not None
+    assert term.token == Token(0, cluster.ensemble.stat(znode).czxid)
+    assert cluster.database.fence().holder == "a"
+
+    a.node.request_stop("test")
+
+    assert a.wait_exit() == EXIT_OK
+    assert term.end_reason == "shutdown"
+    ended = cluster.database.term_of(term.token)
+    assert ended is not None
+    assert ended.end_reason == "shutdown"
+    assert not cluster.ensemble.exists(znode)
+    assert a.jobs.stops == 1
+    assert a.jobs.shut_down
+    assert a.store.closed
+    assert a.clients.latest.closed
+    assert cluster.ensemble.live_sessions() == set()
+
+
+# -- clock disagreement ----------------------------------------------------------------------
+
+
+def test_a_leader_whose_clock_disagrees_withholds_handover_until_a_fit_contender_queues(
+    cluster: Cluster,
+) -> None:
+    a = cluster.node("a", clock_offset_ms=SKEWED_MS)
+    term = wait_for("a leads", a.leading)
+    # The probe at takeover found the clock off: what the jobs see says "do not cut".
+    assert a.jobs.health.advert().clock_ok is False
+    assert a.metric("allocator_clock_skew_alert") == 1
+    assert a.node.snapshot()["clock_agrees"] is False
+    contender, contender_znode = cluster.contender(
+        Identity("c", "elsewhere", 1, "", db_ok=True, clock_ok=False)
+    )
+
+    a.clock.advance(CLOCK_SKEW_HANDOVER_S)
+
+    wait_for("handover withheld", lambda: a.metric("allocator_handover_withheld") == 1)
+    snapshot = a.node.snapshot()
+    assert snapshot["handover_withheld"] == "clock_skew"
+    assert snapshot["role"] == "leader"
+    assert a.leading() is term
+    assert a.jobs.stops == 0
+    assert cluster.ensemble.exists(snapshot["znode"])
+
+    contender.set_async(contender_znode, fit("c").to_bytes()).get()
+
+    rejoined = wait_for(
+        "a hands over and queues behind the contender",
+        lambda: (z := a.znode()) is not None and sequence(z) > sequence(contender_znode) and z,
+    )
+    assert term.end_reason == "clock_skew"
+    ended = cluster.database.term_of(term.token)
+    assert ended is not None
+    assert ended.end_reason == "clock_skew"
+    assert a.node.role == "follower"
+    assert a.jobs.term is None
+    assert a.jobs.stops == 1
+    assert a.metric("allocator_handover_withheld") == 0
+    assert a.node.snapshot()["handover_withheld"] is None
+    assert ordered(cluster.ensemble.children(ELECTION)) == [
+        name_of(contender_znode),
+        name_of(rejoined),
+    ]
+
+
+# -- database unreachable --------------------------------------------------------------------
+
+
+def test_a_leader_that_cannot_reach_the_database_hands_over_only_to_one_that_can(
+    cluster: Cluster,
+) -> None:
+    a = cluster.node("a")
+    term_a = wait_for("a leads", a.leading)
+    b = cluster.node("b")
+    wait_for("b queues and advertises it is fit", lambda: (i := b.advert()) and i.fit)
+    a.jobs.report_write()
+
+    a.store.reachable = b.store.reachable = False  # the database is down for everyone
+    wait_for("b advertises no database", lambda: (i := b.advert()) and i.db_ok is False)
+    wait_for("a's probe fails", lambda: a.metric("allocator_database_reachable") == 0)
+    a.clock.advance(DB_UNREACHABLE_S)
+
+    wait_for("handover withheld", lambda: a.metric("allocator_handover_withheld") == 1)
+    assert a.node.snapshot()["handover_withheld"] == "db_unreachable"
+    assert a.leading() is term_a
+    assert a.jobs.stops == 0
+
+    b.store.reachable = True
+
+    term_b = wait_for("b leads", b.leading)
+    assert term_b.token > term_a.token
+    assert term_a.end_reason == "db_unreachable"
+    assert cluster.database.fence().holder == "b"
+    superseded = cluster.database.term_of(term_a.token)  # a could not record its own end
+    assert superseded is not None
+    assert superseded.end_reason == "superseded"
+    b_znode = b.znode()
+    assert b_znode is not None
+    wait_for(
+        "a queues behind b",
+        lambda: (z := a.znode()) is not None and sequence(z) > sequence(b_znode),
+    )
+    assert a.node.role == "follower"
+    assert a.jobs.stops == 1
+    assert a.metric("allocator_handover_withheld") == 0
+
+
+# -- the fence ahead of ZooKeeper ------------------------------------------------------------
+
+
+def test_a_fence_ahead_of_a_wiped_ensemble_is_reported_without_churn_until_rebased(
+    cluster: Cluster,
+) -> None:
+    a = cluster.node("a", {"node.on_session_loss": "rejoin"})
+    old = wait_for("a leads", a.leading)
+    assert old.token.epoch >> 32 == ENSEMBLE_EPOCH
+
+    cluster.ensemble.wipe()
+
+    # The old client stays suspended (a rebuilt ensemble refuses it); the node's own timer
+    # declares the session lost, and it rejoins on a new client, with a token from epoch 1.
+    blocked = wait_for(
+        "a reports the fence ahead",
+        lambda: (
+            (s := a.node.snapshot())["role"] == "blocked" and s["fence_ahead_of_zookeeper"] and s
+        ),
+    )
+    assert len(a.clients.built) == 2
+    assert a.clients.built[0].closed
+    assert old.end_reason == "session_lost"
+    znode = blocked["znode"]
+    assert blocked["fence_ahead_of_zookeeper"] == {
+        "fence": {"generation": 0, "epoch": old.token.epoch},
+        "zookeeper": {"generation": 0, "newest_zxid": cluster.ensemble.stat(ELECTION).pzxid},
+    }
+    assert a.metric("allocator_fence_ahead_of_zookeeper") == 1
+    refusals = a.store.outcomes().count("stale")
+    wait_for("a retries", lambda: a.store.outcomes().count("stale") >= refusals + 2)
+    assert cluster.ensemble.children(ELECTION) == [name_of(znode)]  # stayed first, no churn
+    assert a.znode() == znode
+    assert a.jobs.terms == [old]
+
+    rebase = cluster.database.rebase()  # the operator's `allocator fence rebase`
+    cluster.ensemble.set_generation(ELECTION, rebase.new_generation)
+
+    new = wait_for("a leads again", lambda: (t := a.leading()) is not old and t)
+    assert new.token == Token(1, cluster.ensemble.stat(znode).czxid)
+    assert a.znode() == znode
+    assert a.node.snapshot()["fence_ahead_of_zookeeper"] is None
+    assert a.metric("allocator_fence_ahead_of_zookeeper") == 0
+    history = cluster.database.history()
+    assert [(t.generation, t.end_reason) for t in history] == [(0, "rebased"), (1, None)]
+
+
+# -- session loss ----------------------------------------------------------------------------
+
+
+def test_session_expiry_of_the_leader_exits_with_code_3(cluster: Cluster) -> None:
+    a = cluster.node("a")
+    term = wait_for("a leads", a.leading)
+    znode = a.znode()
+    assert znode is not None
+    session = a.clients.latest.client_id
+    assert session is not None
+
+    cluster.ensemble.expire(session[0])
+
+    assert a.wait_exit() == EXIT_SESSION_LOST
+    # Over as "session_lost", or as "znode_lost" when the leader's re-check ran on kazoo's
+    # fresh session before the node saw LOST (a real interleaving): the label is not the point.
+    assert term.ended
+    assert not term.may_write()
+    assert a.jobs.stops == 1
+    assert not cluster.ensemble.exists(znode)
+    assert len(a.clients.built) == 1
+    assert a.clients.latest.closed
+    assert cluster.ensemble.live_sessions() == set()  # kazoo's fresh session closed too
+
+
+def test_session_expiry_of_a_follower_exits_with_code_3_and_the_leader_stays(
+    cluster: Cluster,
+) -> None:
+    a = cluster.node("a")
+    term = wait_for("a leads", a.leading)
+    b = cluster.node("b")
+    wait_for("b queues", lambda: b.node.role == "follower" and b.znode())
+    session = b.clients.latest.client_id
+    assert session is not None
+
+    cluster.ensemble.expire(session[0])
+
+    assert b.wait_exit() == EXIT_SESSION_LOST
+    assert b.jobs.terms == []
+    assert a.leading() is term
+    assert a.jobs.stops == 0
+    a_znode = a.znode()
+    assert a_znode is not None
+    assert cluster.ensemble.children(ELECTION) == [name_of(a_znode)]
+
+
+def test_session_expiry_with_rejoin_builds_a_new_client_and_joins_again(cluster: Cluster) -> None:
+    a = cluster.node("a", {"node.on_session_loss": "rejoin"})
+    first = wait_for("a leads", a.leading)
+    first_client = a.clients.latest
+    first_znode = a.znode()
+    session = first_client.client_id
+    assert session is not None
+    assert first_znode is not None
+
+    cluster.ensemble.expire(session[0])
+
+    second = wait_for("a leads again", lambda: (t := a.leading()) is not first and t)
+    assert first.ended  # "session_lost" or "znode_lost", as in the test above
+    assert len(a.clients.built) == 2
+    assert first_client.closed
+    # kazoo gave the old client a fresh session by itself; closing the client ended it too.
+    assert set(first_client.sessions).isdisjoint(cluster.ensemble.live_sessions())
+    new_session = a.clients.latest.client_id
+    assert new_session is not None
+    assert a.node.snapshot()["session_id"] == f"{new_session[0]:#x}"
+    znode = a.znode()
+    assert znode is not None
+    assert znode != first_znode
+    assert not cluster.ensemble.exists(first_znode)
+    assert cluster.ensemble.stat(znode).ephemeralOwner == new_session[0]
+    assert second.token > first.token
+    history = cluster.database.history()
+    assert [t.ended_at is not None for t in history] == [True, False]
+
+
+# -- fatal errors ----------------------------------------------------------------------------
+
+
+def test_a_layout_the_database_did_not_record_exits_with_code_78(cluster: Cluster) -> None:
+    cluster.database.layout = f"not the {DEFAULT_LAYOUT}"
+    a = cluster.node("a")
+
+    assert a.wait_exit() == EXIT_CONFIG
+    assert a.store.outcomes() == ["layout_mismatch"]
+    assert a.metric("allocator_layout_mismatch") == 1
+    assert a.jobs.terms == []
+    assert cluster.ensemble.children(ELECTION) == []
+    assert cluster.database.history() == []
+
+
+def test_a_layout_mismatch_met_by_the_jobs_exits_with_code_78(cluster: Cluster) -> None:
+    a = cluster.node("a")
+    term = wait_for("a leads", a.leading)
+
+    a.jobs.report_fatal(LayoutMismatchError("AL104: the database recorded another layout"))
+
+    assert a.wait_exit() == EXIT_CONFIG
+    assert term.end_reason == "fatal"
+    ended = cluster.database.term_of(term.token)
+    assert ended is not None
+    assert ended.end_reason == "fatal"
+    assert a.metric("allocator_layout_mismatch") == 1
+    assert cluster.ensemble.children(ELECTION) == []
+
+
+def test_a_fenced_write_met_by_the_jobs_exits_with_code_4(cluster: Cluster) -> None:
+    a = cluster.node("a")
+    term = wait_for("a leads", a.leading)
+    newer = Token(term.token.generation, term.token.epoch + 1)
+    cluster.database.take_fence(newer, "intruder", "elsewhere", 1, DEFAULT_LAYOUT)
+
+    a.jobs.report_fenced()
+
+    assert a.wait_exit() == EXIT_FENCED
+    assert term.end_reason == "fenced"
+    assert not term.may_write()
+    assert a.jobs.stops == 1
+    assert cluster.database.fence().holder == "intruder"
