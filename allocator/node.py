@@ -515,10 +515,24 @@ class Node:
     # -- the database probe and what we advertise ------------------------------------------
 
     def _probe_loop(self) -> None:
-        """Every ``leader.probe_interval_s``: reach the database, compare clocks, advertise."""
+        """Every ``leader.probe_interval_s``: reach the database, compare clocks, advertise.
+
+        Each probe runs on a thread of its own and has one interval to answer; one that has
+        not answered by then counts as unreachable at once (no other starts until it ends).
+        So an advert is never staler than about two intervals, however long the connection's
+        own bounds (keepalives, ``tcp_user_timeout``) take to end a call on a black-holed
+        path: a leader judging its contenders after ``leader.db_unreachable_s`` relies on it.
+        """
+        interval = self._config.leader.probe_interval_s
         published = self._health.advert()
-        while not self._stop.wait(self._config.leader.probe_interval_s):
-            self._probe_once()
+        probe: threading.Thread | None = None
+        while not self._stop.wait(interval):
+            if probe is None or not probe.is_alive():
+                probe = threading.Thread(target=self._probe_once, name="db-probe-call", daemon=True)
+                probe.start()
+            probe.join(interval)
+            if probe.is_alive():
+                self._probe_unanswered(interval)
             advert = self._health.advert()
             election = self._election
             if advert != published and election is not None and self._guard.connected:
@@ -527,6 +541,16 @@ class Node:
                     published = advert
                 except (KazooException, ZooKeeperCallTimeoutError) as exc:
                     log.warning("event=advert_failed name=%s error=%r", self.name, exc)
+
+    def _probe_unanswered(self, waited_s: float) -> None:
+        if self._health.advert().db_ok is not False:
+            log.warning(
+                "event=database_unreachable name=%s error=no answer to the probe within %.1f s",
+                self.name,
+                waited_s,
+            )
+        self._health.probed(None, None)
+        self._metrics.database_reachable.set(0)
 
     def _probe_once(self) -> None:
         bound = self._config.pool.max_clock_skew_ms
