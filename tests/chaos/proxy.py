@@ -1,4 +1,4 @@
-"""A cuttable TCP proxy on 127.0.0.1, for cutting one node's link to ZooKeeper (or PostgreSQL).
+"""A cuttable TCP proxy on 127.0.0.1, for cutting one node's link to ZooKeeper or PostgreSQL.
 
 Rules (psycopg's ``fix_proxy.py`` idea, on plain sockets and threads):
 
@@ -7,10 +7,21 @@ Rules (psycopg's ``fix_proxy.py`` idea, on plain sockets and threads):
 - :meth:`Proxy.cut` closes every live connection at once (both sides, with a reset, so the
   peer sees the break immediately) and refuses new ones until :meth:`Proxy.restore`: a new
   connection is accepted and reset at once, which the client sees like a refusal.
-- :meth:`Proxy.freeze` is the silent partition: live connections stay open but nothing is
-  forwarded either way (a close or reset by one side is not passed on either), and new
-  connections are left unanswered in the listen backlog. Only a timeout tells a peer.
-  :meth:`Proxy.restore` ends either fault.
+- :meth:`Proxy.freeze` is a hung peer: live connections stay open but nothing is forwarded
+  either way (a close or reset by one side is not passed on either), and new connections
+  are left unanswered in the listen backlog. The proxy's kernel still acknowledges what it
+  receives (data, keepalive probes), so the peer's TCP believes the path is fine: only an
+  application timeout tells it.
+- :meth:`Proxy.blackhole` is a network that drops packets: everything ``freeze`` does, and
+  the proxy's kernel drops every segment that reaches the listener or a live socket, before
+  TCP sees it (a classic BPF socket filter that keeps 0 bytes; Linux, no privilege needed
+  on one's own sockets). Nothing is acknowledged or answered, no FIN or RST is sent: the
+  peer's TCP retransmits, its keepalive probes go unanswered, a new connection's SYN gets
+  no SYN-ACK. So ``tcp_user_timeout`` and keepalives end the peer's connections, and
+  connect timeouts its new ones, exactly as on a real partition.
+- Both faults hold, never lose, what the proxy had already read when they began:
+  :meth:`Proxy.restore` forwards it, like TCP delivering its retransmissions once a path
+  heals; a connection the peer gave up on meanwhile is then reset.
 - Threads: one accept loop, two pumps per connection; all are daemons, all stop on
   :meth:`Proxy.close` (also the context manager's exit). Loops are bounded by the sockets'
   lifetimes and a short ``select`` timeout, so nothing spins and nothing outlives ``close``.
@@ -19,6 +30,7 @@ Rules (psycopg's ``fix_proxy.py`` idea, on plain sockets and threads):
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import select
 import socket
 import struct
@@ -31,6 +43,13 @@ SELECT_TIMEOUT_S = 0.2
 CHUNK_BYTES = 65536
 BACKLOG = 64
 
+# <linux/filter.h>, <asm-generic/socket.h>: Python's socket module does not name them.
+SO_ATTACH_FILTER = 26
+SO_DETACH_FILTER = 27
+_BPF_RET_K = 0x06  # BPF_RET | BPF_K: "return k", the number of bytes to keep; 0 drops
+_DROP_ALL = ctypes.create_string_buffer(struct.pack("HBBI", _BPF_RET_K, 0, 0, 0))
+_DROP_ALL_PROG = struct.pack("HP", 1, ctypes.addressof(_DROP_ALL))  # struct sock_fprog
+
 
 def _reset(sock: socket.socket) -> None:
     """Close with RST (SO_LINGER 0), so the peer notices at once; harmless if closed."""
@@ -38,6 +57,19 @@ def _reset(sock: socket.socket) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     with contextlib.suppress(OSError):
         sock.close()
+
+
+def _drop_incoming(sock: socket.socket) -> None:
+    """From now on the kernel discards every segment arriving for ``sock`` (no ACK, no RST)."""
+    with contextlib.suppress(OSError):
+        if sock.fileno() < 0:
+            return  # closed under us: nothing arrives for it any more
+        sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, _DROP_ALL_PROG)
+
+
+def _accept_incoming(sock: socket.socket) -> None:
+    with contextlib.suppress(OSError):  # closed, or no filter attached
+        sock.setsockopt(socket.SOL_SOCKET, SO_DETACH_FILTER, 0)
 
 
 class Proxy:
@@ -53,7 +85,11 @@ class Proxy:
         self._lock = threading.Lock()
         self._live: set[socket.socket] = set()
         self._cut = threading.Event()
-        self._frozen = threading.Event()
+        self._flowing = threading.Event()
+        """Clear while frozen or black-holed: nothing reaches a peer."""
+        self._flowing.set()
+        self._dropping = False
+        """Black-holed: the listener and every live socket drop what arrives (under _lock)."""
         self._closed = threading.Event()
         self.accepted = 0
         self.refused = 0
@@ -70,6 +106,10 @@ class Proxy:
     def is_cut(self) -> bool:
         return self._cut.is_set()
 
+    @property
+    def is_blackholed(self) -> bool:
+        return self._dropping
+
     def cut(self) -> None:
         """Break every live connection and refuse new ones."""
         with self._lock:
@@ -79,13 +119,26 @@ class Proxy:
             _reset(sock)
 
     def freeze(self) -> None:
-        """Forward nothing and answer nobody, without closing anything."""
-        self._frozen.set()
+        """Forward nothing and answer nobody, without closing anything (a hung peer)."""
+        self._flowing.clear()
+
+    def blackhole(self) -> None:
+        """Drop every packet either way, without closing anything (a partition); see the
+        module rules. The live connections and the listener stay open."""
+        self._flowing.clear()
+        with self._lock:
+            self._dropping = True
+            for sock in (self._listener, *self._live):
+                _drop_incoming(sock)
 
     def restore(self) -> None:
-        """Accept and forward again (after :meth:`cut` or :meth:`freeze`)."""
+        """Accept and forward again (after :meth:`cut`, :meth:`freeze` or :meth:`blackhole`)."""
+        with self._lock:
+            self._dropping = False
+            for sock in (self._listener, *self._live):
+                _accept_incoming(sock)
         self._cut.clear()
-        self._frozen.clear()
+        self._flowing.set()
 
     def close(self) -> None:
         self._closed.set()
@@ -105,10 +158,17 @@ class Proxy:
     ) -> None:
         self.close()
 
+    def _wait_flowing(self) -> bool:
+        """Until nothing is frozen or black-holed (True) or the proxy closes (False)."""
+        while not self._flowing.wait(SELECT_TIMEOUT_S):
+            if self._closed.is_set():
+                return False
+        return not self._closed.is_set()
+
     def _accept_loop(self) -> None:
         while not self._closed.is_set():
-            if self._frozen.is_set():
-                self._closed.wait(SELECT_TIMEOUT_S)
+            if not self._flowing.is_set() and not self._dropping:
+                self._closed.wait(SELECT_TIMEOUT_S)  # frozen: leave them in the backlog
                 continue
             try:
                 ready, _, _ = select.select([self._listener], [], [], SELECT_TIMEOUT_S)
@@ -132,6 +192,9 @@ class Proxy:
                     _reset(client)
                     _reset(upstream)
                     continue
+                if self._dropping:  # completed its handshake just before the black hole
+                    _drop_incoming(client)
+                    _drop_incoming(upstream)
                 self._live |= {client, upstream}
                 self.accepted += 1
             for src, dst in ((client, upstream), (upstream, client)):
@@ -141,19 +204,18 @@ class Proxy:
 
     def _pump(self, src: socket.socket, dst: socket.socket) -> None:
         try:
-            while not self._closed.is_set():
-                if self._frozen.is_set():
-                    self._closed.wait(SELECT_TIMEOUT_S)
-                    continue
+            while self._wait_flowing():
                 ready, _, _ = select.select([src], [], [], SELECT_TIMEOUT_S)
                 if not ready:
                     continue
                 data = src.recv(CHUNK_BYTES)
-                if not data:
+                # Read just as a fault began: hold it (and an end of stream) until restored.
+                if not self._wait_flowing() or not data:
                     break
                 dst.sendall(data)
         except (OSError, ValueError):
-            pass  # cut, reset or closed under us
+            # Cut, reset or closed under us; passed on, like an end of stream, once flowing.
+            self._wait_flowing()
         finally:
             with self._lock:
                 self._live -= {src, dst}
