@@ -41,7 +41,9 @@ roll back), and there are few of them: at most one per claim open at a requeue r
   when it was requeued or its claim is committed; a committed claim is never undone.)
 * ``available_blocks`` counts unclaimed blocks above the floor (the ticket index, as
   before) plus unclaimed held blocks (``ticket <= floor``, so nothing is counted twice). A
-  held block whose claim is still open reads as unclaimed, as it did in 0003.
+  held block whose claim is still open reads as unclaimed, as it did in 0003. It becomes
+  PL/pgSQL (same signature) so that its plan is cached per session: a SQL function is
+  planned on every call, and the two-part query took as long to plan as to run.
 * The claim slow path first tries the held blocks (oldest tickets, by primary key; those
   still locked are skipped, never waited for), then the window as before. A rolled-back
   held block is so claimable at once, and otherwise requeued by the next leader run.

@@ -190,6 +190,7 @@ DECLARE
     mark        allocator.high_water%ROWTYPE;
     position    bigint;
     first_tk    bigint;
+    held_before bigint[];
     candidates  bigint[];
     movable     bigint[];
     moved       integer;
@@ -200,15 +201,15 @@ BEGIN
       FROM allocator.claim_ticket s;
 
     -- Unclaimed blocks of the window (one range scan of the ticket index), and every held
-    -- block (a few primary-key rows). Then lock those still unclaimed, skipping rows a
-    -- claim in flight holds; the lock rechecks claimed_at on the newest version.
-    candidates := ARRAY(
+    -- block (a few primary-key rows; below the floor, so never in the window). Then lock
+    -- those still unclaimed, skipping rows a claim in flight holds; the lock rechecks
+    -- claimed_at on the newest version.
+    held_before := ARRAY(SELECT t.block_id FROM allocator.held_tickets t);
+    candidates := held_before || ARRAY(
         SELECT b.block_id
           FROM allocator.blocks b
          WHERE b.ticket > mark.requeued_upto AND b.ticket <= mark.requeue_mark
-           AND b.claimed_at IS NULL
-        UNION
-        SELECT t.block_id FROM allocator.held_tickets t);
+           AND b.claimed_at IS NULL);
     movable := ARRAY(
         SELECT b.block_id
           FROM allocator.blocks b
@@ -227,17 +228,22 @@ BEGIN
     -- Candidates this run could not lock and that are still unclaimed: held from now on
     -- (a row already held keeps its held_since). Then forget every held block that was
     -- requeued above, or is claimed (its claim committed) or gone (pruned) by now.
-    INSERT INTO allocator.held_tickets (block_id, ticket)
-    SELECT b.block_id, b.ticket
-      FROM allocator.blocks b
-     WHERE b.block_id = ANY (candidates)
-       AND b.block_id <> ALL (movable)
-       AND b.claimed_at IS NULL
-    ON CONFLICT (block_id) DO NOTHING;
-    DELETE FROM allocator.held_tickets t
-     WHERE t.block_id = ANY (movable)
-        OR NOT EXISTS (SELECT 1 FROM allocator.blocks b
-                        WHERE b.block_id = t.block_id AND b.claimed_at IS NULL);
+    -- (Both skipped when there is nothing to hold or forget: the usual run.)
+    IF cardinality(candidates) > cardinality(movable) THEN
+        INSERT INTO allocator.held_tickets (block_id, ticket)
+        SELECT b.block_id, b.ticket
+          FROM allocator.blocks b
+         WHERE b.block_id = ANY (candidates)
+           AND b.block_id <> ALL (movable)
+           AND b.claimed_at IS NULL
+        ON CONFLICT (block_id) DO NOTHING;
+    END IF;
+    IF cardinality(candidates) > cardinality(movable) OR cardinality(held_before) > 0 THEN
+        DELETE FROM allocator.held_tickets t
+         WHERE t.block_id = ANY (movable)
+            OR NOT EXISTS (SELECT 1 FROM allocator.blocks b
+                            WHERE b.block_id = t.block_id AND b.claimed_at IS NULL);
+    END IF;
 
     UPDATE allocator.high_water h
        SET last_ticket = CASE WHEN moved > 0 THEN first_tk + moved - 1 ELSE h.last_ticket END,
@@ -259,28 +265,28 @@ $fn$;
 -- reads as unclaimed here, as every block of a claim in flight does.
 -- enable_seqscan is off inside: the planner cannot see how narrow the range is (the floor
 -- is read at run time) and would scan the whole table, which grows with claimed history.
+-- PL/pgSQL rather than SQL: its plan is cached for the session, where a SQL function's
+-- body is planned again on every call (for this two-part query, as long as running it).
 CREATE OR REPLACE FUNCTION allocator.available_blocks(OUT blocks bigint, OUT ids bigint)
-LANGUAGE sql
+LANGUAGE plpgsql
 STABLE
 SECURITY DEFINER
 SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET jit = off  -- disabling seqscan inflates costs past jit_above_cost; JIT costs ~35 ms
 AS $fn$
-    WITH open_blocks AS (
-        SELECT b.first_id, b.last_id
-          FROM allocator.blocks b
-         WHERE b.ticket > (SELECT h.requeued_upto FROM allocator.high_water h)
-           AND b.claimed_at IS NULL
-        UNION ALL
-        SELECT b.first_id, b.last_id
-          FROM allocator.blocks b
-         WHERE b.block_id = ANY (ARRAY(SELECT t.block_id FROM allocator.held_tickets t))
-           AND b.ticket <= (SELECT h.requeued_upto FROM allocator.high_water h)
-           AND b.claimed_at IS NULL
-    )
-    SELECT count(*), coalesce(sum(o.last_id - o.first_id + 1), 0)::bigint
-      FROM open_blocks o;
+BEGIN
+    SELECT a.blocks + h.blocks, (a.ids + h.ids)::bigint INTO blocks, ids
+      FROM (SELECT count(*) AS blocks, coalesce(sum(b.last_id - b.first_id + 1), 0) AS ids
+              FROM allocator.blocks b
+             WHERE b.ticket > (SELECT w.requeued_upto FROM allocator.high_water w)
+               AND b.claimed_at IS NULL) a,
+           (SELECT count(*) AS blocks, coalesce(sum(b.last_id - b.first_id + 1), 0) AS ids
+              FROM allocator.blocks b
+             WHERE b.block_id = ANY (ARRAY(SELECT t.block_id FROM allocator.held_tickets t))
+               AND b.ticket <= (SELECT w.requeued_upto FROM allocator.high_water w)
+               AND b.claimed_at IS NULL) h;
+END
 $fn$;
 
 
