@@ -361,6 +361,16 @@ def _cross_check(
         if pool.low_watermark_blocks >= pool.min_blocks:
             message = f"must be < pool.min_blocks ({pool.min_blocks})"
             problems.append(("pool.low_watermark_blocks", message, pool.low_watermark_blocks))
+    leader = sections.get("leader")
+    if isinstance(leader, LeaderConfig) and isinstance(pool, PoolConfig):
+        # A contender's advert may be two probes old, and a leader judges its own writes
+        # once per refill: a shorter window could hand over to a node that cannot write.
+        least = 2 * leader.probe_interval_s + pool.refill_interval_s
+        if leader.db_unreachable_s <= least:
+            message = (
+                f"must be > 2 x leader.probe_interval_s + pool.refill_interval_s ({least:g} s)"
+            )
+            problems.append(("leader.db_unreachable_s", message, leader.db_unreachable_s))
     return problems
 
 

@@ -106,7 +106,9 @@ class NodeHealth:
             ):
                 return CLOCK_SKEW
             if self._term_started is not None:
-                since = self._last_write_ok or self._term_started
+                since = self._term_started
+                if self._last_write_ok is not None:
+                    since = self._last_write_ok
                 if now - since >= db_unreachable_s:
                     return DB_UNREACHABLE
             return None

@@ -63,6 +63,7 @@ from allocator import fence
 from allocator.admin import AdminServer
 from allocator.config import Config
 from allocator.election import (
+    Contender,
     Election,
     ElectionNodeLostError,
     Identity,
@@ -71,6 +72,7 @@ from allocator.election import (
 from allocator.errors import (
     AllocatorError,
     DatabaseError,
+    DatabaseUnavailableError,
     FencedError,
     LayoutMismatchError,
     StaleTakeoverError,
@@ -152,6 +154,7 @@ class Node:
         )
         self._election: Election | None = None
         self._stop = threading.Event()
+        self._closing = threading.Event()  # the run is over: background threads end
         self._interrupt = threading.Event()  # wakes a waiting follower: stop or session loss
         self._wake = threading.Event()  # wakes the leader's watch loop
         self._step_down = threading.Event()
@@ -285,7 +288,8 @@ class Node:
                 continue
             try:
                 election.join()
-                self._role = "follower"
+                if self._fence_ahead is None:  # "blocked" stays until a takeover clears it
+                    self._role = "follower"
                 if not election.wait_until_first(self._interrupt, recheck_s=RECHECK_INTERVAL_S):
                     continue
                 code = self._lead(election)
@@ -332,27 +336,35 @@ class Node:
     def _lead(self, election: Election) -> int | None:
         token = self._token(election)
         if token is None:
-            self._stop.wait(FENCE_AHEAD_BACKOFF_S)
+            self._pause(FENCE_AHEAD_BACKOFF_S)
             return None
         try:
             takeover = self._db.take_fence(token, self.name, self._host, self._pid)
         except StaleTakeoverError as exc:
             if self._report_fence_ahead(election, token):
-                self._stop.wait(FENCE_AHEAD_BACKOFF_S)  # stay first: leaving would only churn
+                self._pause(FENCE_AHEAD_BACKOFF_S)  # stay first: leaving would only churn
                 return None
             log.error("event=fence_stale name=%s token=%s error=%s", self.name, token, exc)
             self._leave(election)
-            self._stop.wait(STALE_TAKEOVER_BACKOFF_S)
+            self._pause(STALE_TAKEOVER_BACKOFF_S)
             return None
         except LayoutMismatchError as exc:
             self._metrics.layout_mismatch.set(1)
             log.critical("event=layout_mismatch name=%s error=%s", self.name, exc)
             self._leave(election)
             return EXIT_CONFIG
+        except DatabaseUnavailableError as exc:
+            log.error("event=takeover_failed name=%s token=%s error=%s", self.name, token, exc)
+            # Make way only for a contender that reaches the database; when nobody does,
+            # rotating the queue would be churn for nothing (DESIGN §11).
+            if self._fit_contenders(election):
+                self._leave(election)
+            self._pause(STALE_TAKEOVER_BACKOFF_S)
+            return None
         except DatabaseError as exc:
             log.error("event=takeover_failed name=%s token=%s error=%s", self.name, token, exc)
             self._leave(election)
-            self._stop.wait(STALE_TAKEOVER_BACKOFF_S)
+            self._pause(STALE_TAKEOVER_BACKOFF_S)
             return None
         self._clear_fence_ahead()
         term = self._term_factory(token, self._guard)
@@ -384,6 +396,10 @@ class Node:
         )
         reason = self._watch_term(term, election)
         term.end(reason)
+        if reason == "db_unreachable":
+            # Hand over before anything else: every database call (the jobs in flight, the
+            # end of the term) would wait out the dead path's timeouts first.
+            self._leave(election)
         self._metrics.is_leader.set(0)
         self._metrics.fence_epoch.set(0)
         self._metrics.fence_generation.set(0)
@@ -399,7 +415,9 @@ class Node:
             self._end_term(token, reason)
             self._leave(election)
             return self._fatal.exit_code if self._fatal else EXIT_CONFIG
-        if reason in ("shutdown", "stepped_down", "clock_skew", "db_unreachable"):
+        if reason == "db_unreachable":
+            return None  # the successor's takeover ends our term ('superseded'); we left above
+        if reason in ("shutdown", "stepped_down", "clock_skew"):
             self._end_term(token, reason)
             self._leave(election)  # hands over at once; the others rejoin at the back
             return None
@@ -454,8 +472,7 @@ class Node:
             self._handover_withheld = None
             self._metrics.handover_withheld.set(0)
             return None
-        own = election.znode
-        fit = [c for c in election.contenders() if c.znode != own and c.identity.fit]
+        fit = self._fit_contenders(election)
         if fit:
             log.warning(
                 "event=handing_over name=%s reason=%s to=%s",
@@ -474,6 +491,15 @@ class Node:
         self._handover_withheld = reason
         self._metrics.handover_withheld.set(1)
         return None
+
+    def _fit_contenders(self, election: Election) -> list[Contender]:
+        """Other contenders that advertise a reachable database and an agreeing clock."""
+        own = election.znode
+        return [c for c in election.contenders() if c.znode != own and c.identity.fit]
+
+    def _pause(self, seconds: float) -> None:
+        """A back-off that ends early on a stop request or a session loss."""
+        self._interrupt.wait(seconds)
 
     # -- the fence ahead of ZooKeeper ----------------------------------------------------------
 
@@ -526,7 +552,7 @@ class Node:
         interval = self._config.leader.probe_interval_s
         published = self._health.advert()
         probe: threading.Thread | None = None
-        while not self._stop.wait(interval):
+        while not self._closing.wait(interval):
             if probe is None or not probe.is_alive():
                 probe = threading.Thread(target=self._probe_once, name="db-probe-call", daemon=True)
                 probe.start()
@@ -667,7 +693,7 @@ class Node:
         return "suspended" if self._role != "starting" else "connecting"
 
     def _shutdown(self) -> None:
-        self._stop.set()
+        self._closing.set()
         self._interrupt.set()
         term = self._term
         if term is not None:

@@ -124,6 +124,7 @@ BAD: list[tuple[str, str]] = [
     ("pool.max_clock_skew_ms", "0"),
     ("pool.max_clock_skew_ms", "1000"),  # must stay below max_clock_ahead_ms (1000)
     ("leader.db_unreachable_s", "0"),
+    ("leader.db_unreachable_s", "3"),  # <= 2 x probe_interval_s (1) + refill_interval_s (1)
     ("leader.clock_skew_handover_s", "-1"),
     ("leader.probe_interval_s", "0"),
     ("leader.probe_interval_s", "61"),
