@@ -60,6 +60,16 @@ rechecked on its newest version, and only requeued under the same lock, so a req
 never move a block a claim holds or has claimed. I4: untouched (``synchronous_commit`` is
 still forced per transaction).
 
+What an open transaction still costs: it holds back the horizon below which PostgreSQL
+may remove dead row versions, database-wide, whatever it touched. Claims are unaffected
+(each block row is updated once, into the room ``fillfactor = 50`` leaves), but the
+one-row ``high_water`` keeps a version per leader write (a cut, a requeue that moved the
+floor) and each read of it walks them: that grows with leader writes during the hold,
+about one or two a second at the refill job's pace, not with claims. ``requeue_stranded``
+therefore leaves the row alone when nothing changed, and ``available_blocks`` reads it
+once. ``allocator bench slow-consumer`` reports the table's size so the two effects can
+be told apart; the 60 s bound below caps it in production.
+
 Alternatives considered: keeping the pinned floor and bounding the scans with a second
 index ``(ticket) WHERE claimed_at IS NULL`` makes the scans cheap but turns every claim
 into a non-HOT update (the claim changes the predicate), the decay the ticket design

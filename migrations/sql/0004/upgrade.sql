@@ -245,11 +245,15 @@ BEGIN
                             WHERE b.block_id = t.block_id AND b.claimed_at IS NULL);
     END IF;
 
-    UPDATE allocator.high_water h
-       SET last_ticket = CASE WHEN moved > 0 THEN first_tk + moved - 1 ELSE h.last_ticket END,
-           requeued_upto = mark.requeue_mark,
-           requeue_mark = position,
-           updated_at = statement_timestamp();
+    -- Written only when something changed (an idle pool leaves the row alone: each write
+    -- is a row version every reader walks while some transaction stays open).
+    IF moved > 0 OR mark.requeued_upto <> mark.requeue_mark OR mark.requeue_mark <> position THEN
+        UPDATE allocator.high_water h
+           SET last_ticket = CASE WHEN moved > 0 THEN first_tk + moved - 1 ELSE h.last_ticket END,
+               requeued_upto = mark.requeue_mark,
+               requeue_mark = position,
+               updated_at = statement_timestamp();
+    END IF;
     IF moved > 0 THEN
         INSERT INTO allocator.fenced_writes (kind, generation, epoch, blocks)
         VALUES ('requeue', p_generation, p_epoch, moved);
@@ -275,16 +279,21 @@ SET search_path = pg_catalog, pg_temp
 SET enable_seqscan = off
 SET jit = off  -- disabling seqscan inflates costs past jit_above_cost; JIT costs ~35 ms
 AS $fn$
+DECLARE
+    floor_tk bigint;
 BEGIN
+    -- The floor is read once: while some transaction stays open, the high_water row keeps
+    -- a dead version per leader write, and every read walks them.
+    SELECT w.requeued_upto INTO floor_tk FROM allocator.high_water w;
     SELECT a.blocks + h.blocks, (a.ids + h.ids)::bigint INTO blocks, ids
       FROM (SELECT count(*) AS blocks, coalesce(sum(b.last_id - b.first_id + 1), 0) AS ids
               FROM allocator.blocks b
-             WHERE b.ticket > (SELECT w.requeued_upto FROM allocator.high_water w)
+             WHERE b.ticket > floor_tk
                AND b.claimed_at IS NULL) a,
            (SELECT count(*) AS blocks, coalesce(sum(b.last_id - b.first_id + 1), 0) AS ids
               FROM allocator.blocks b
              WHERE b.block_id = ANY (ARRAY(SELECT t.block_id FROM allocator.held_tickets t))
-               AND b.ticket <= (SELECT w.requeued_upto FROM allocator.high_water w)
+               AND b.ticket <= floor_tk
                AND b.claimed_at IS NULL) h;
 END
 $fn$;
