@@ -307,13 +307,18 @@ class Node:
         """The chroot is gone (an ensemble wiped or rebuilt): create it from the root, so the
         node can join and report what it finds (usually a fence ahead of ZooKeeper)."""
         chroot = chroot_of(self._config.zookeeper.hosts)
-        log.warning("event=zookeeper_chroot_missing name=%s chroot=%s", self.name, chroot or "/")
         if self._zk_root is None or not chroot:
+            log.warning("event=zookeeper_path_missing name=%s", self.name)
             self._stop.wait(ZOOKEEPER_ERROR_BACKOFF_S)
             return
         root = self._zk_root()
         try:
             root.start(timeout=self._config.zookeeper.connect_timeout_s)
+            if root.exists(chroot) is not None:  # not the chroot: a path below it vanished
+                log.warning("event=zookeeper_path_missing name=%s", self.name)
+                self._stop.wait(ZOOKEEPER_ERROR_BACKOFF_S)
+                return
+            log.warning("event=zookeeper_chroot_missing name=%s chroot=%s", self.name, chroot)
             root.ensure_path(chroot)
             log.info("event=zookeeper_chroot_created name=%s chroot=%s", self.name, chroot)
         except (KazooException, KazooTimeoutError) as exc:
