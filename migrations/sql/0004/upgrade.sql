@@ -188,6 +188,7 @@ SET jit = off             -- (the disabled seqscan's cost would trigger JIT comp
 AS $fn$
 DECLARE
     mark        allocator.high_water%ROWTYPE;
+    mark_tid    tid;
     position    bigint;
     first_tk    bigint;
     held_before bigint[];
@@ -196,7 +197,10 @@ DECLARE
     moved       integer;
 BEGIN
     PERFORM allocator.lock_fence(p_generation, p_epoch);
-    SELECT * INTO mark FROM allocator.high_water FOR UPDATE;
+    -- The row's ctid, to update it below without looking for it again: while a
+    -- transaction stays open, every search walks all the row's dead versions.
+    SELECT h.ctid INTO mark_tid FROM allocator.high_water h FOR UPDATE;
+    SELECT * INTO mark FROM allocator.high_water h WHERE h.ctid = mark_tid;
     SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END INTO position
       FROM allocator.claim_ticket s;
 
@@ -252,7 +256,11 @@ BEGIN
            SET last_ticket = CASE WHEN moved > 0 THEN first_tk + moved - 1 ELSE h.last_ticket END,
                requeued_upto = mark.requeue_mark,
                requeue_mark = position,
-               updated_at = statement_timestamp();
+               updated_at = statement_timestamp()
+         WHERE h.ctid = mark_tid;
+        IF NOT FOUND THEN  -- cannot happen under the row lock; never skip the write silently
+            RAISE EXCEPTION 'high_water row not found at %', mark_tid;
+        END IF;
     END IF;
     IF moved > 0 THEN
         INSERT INTO allocator.fenced_writes (kind, generation, epoch, blocks)
