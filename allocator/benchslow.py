@@ -14,15 +14,19 @@ Rules:
   ``cut_blocks``, ``VACUUM ANALYZE``-d (so the planner knows the one-row tables, as it does
   in a database that has been running), and dropped afterwards. Never the allocator's own
   database.
-- The held claim is the run's first claim (ticket 1), made as the consumer role in a
-  transaction kept open to the end. ``claim_blocks`` (0004) bounds that transaction's idle
-  time to 60 s; the bench lifts the bound for the experiment with ``SET LOCAL
-  idle_in_transaction_session_timeout = 0``, issued after the claim inside the same
-  transaction: it overrides the function's transaction-local setting, and the server reads
-  the setting each time the session goes idle. At the end the bench checks the holder is
-  still alive, rolls it back, runs ``requeue_stranded`` as the leader would (up to
-  :data:`REQUEUE_RUNS_AFTER_ROLLBACK` times) until the block has a fresh ticket after the
-  claim position, and claims the pool dry to see the block handed out again.
+- Warm-up: ``warmup`` claims (default: twice ``pool_blocks``) with the leader ticking, not
+  measured, so the pool both windows meet was cut during the run, like a live pool (the
+  stock cut at setup was vacuumed, and reads faster). Then the held claim, made as the
+  consumer role in a transaction kept open to the end. ``claim_blocks`` (0004) bounds that
+  transaction's idle time to 60 s; the bench lifts the bound for the experiment with
+  ``SET LOCAL idle_in_transaction_session_timeout = 0``, issued after the claim inside the
+  same transaction: it overrides the function's transaction-local setting, and the server
+  reads the setting each time the session goes idle. At the end the leader runs twice more
+  (the second run considers every ticket drawn) and the bench reads what it recorded of
+  the open claim, checks the holder is still alive, rolls it back, runs
+  ``requeue_stranded`` as the leader would (up to :data:`REQUEUE_RUNS_AFTER_ROLLBACK`
+  times) until the block has a fresh ticket after the claim position, and claims the pool
+  dry to see the block handed out again.
 - Claims: pgbench, the bundled ``claim_blocks.pgbench`` (one block per claim) as the
   consumer role, ``-n -M prepared -c C -j min(C, 2) -R rate -t claims/C -l``. A claim's
   latency is its logged time minus its schedule lag: its own execution time, whatever the
@@ -120,7 +124,13 @@ class Plan:
     status_every_ms: int = 20
     """Milliseconds between two reads of pool_status by the monitoring reader."""
     pool_blocks: int = 5_000
+    warmup: int | None = None
+    """Claims before the held claim (None: twice ``pool_blocks``), so both windows meet a
+    pool of blocks the leader cut during the run, not the stock vacuumed at setup."""
     revisions: tuple[str, ...] = (HEAD, OLD_REVISION)
+
+    def warmup_claims(self) -> int:
+        return 2 * self.pool_blocks if self.warmup is None else self.warmup
 
     def per_client(self) -> int:
         return math.ceil(self.claims / self.clients)
@@ -217,8 +227,10 @@ class Ticker(threading.Thread):
         self.error: BaseException | None = None
 
     def stop(self) -> None:
+        """Stop and wait for the thread (if it ever started); again is harmless."""
         self._stopped.set()
-        self.join()
+        if self.ident is not None:
+            self.join()
 
     def run(self) -> None:
         try:
@@ -345,46 +357,47 @@ def _connect_consumer(server: Server, database: str) -> psycopg.Connection[Any]:
 def measure_run(
     server: Server, plan: Plan, revision: str, progress: Callable[[str], None]
 ) -> RunResult:
-    """One run: a claim held open across ``plan.claims`` claims, leader ticking all along."""
+    """One run: warm-up, then a claim held open across ``plan.claims`` claims, the leader
+    ticking all along and the reader during the measured claims."""
     with run_database(server, revision, plan) as database:
         url = server.url(database)
         functions = migrate.current_revision(url) or "?"
-        holder = _connect_consumer(server, database)
+        leader = Leader(url, plan, next_block=plan.pool_blocks)
+        reader = Reader(url, plan)
+        leader.start()
         try:
-            row = holder.execute(
-                "SELECT block_id FROM allocator.claim_blocks(%s, 1)", (HELD_CONSUMER,)
-            ).fetchone()
-            if row is None:
-                raise BenchError("the held claim got no block")
-            held_block = int(row[0])
-            bound = holder.execute("SHOW idle_in_transaction_session_timeout").fetchone()
-            # Lift the claim's idle bound for this experiment only: the transaction must
-            # stay open for the whole run. SET LOCAL overrides the function's setting.
-            holder.execute("SET LOCAL idle_in_transaction_session_timeout = 0")
-            leader = Leader(url, plan, next_block=plan.pool_blocks)
-            reader = Reader(url, plan)
-            progress(
-                f"{functions}: one claim held open (block {held_block}); {plan.total_claims():,} "
-                f"claims at {plan.rate:,}/s by {plan.clients} pgbench clients"
-            )
-            started = time.monotonic()
-            wall_started = time.time()
-            leader.start()
-            reader.start()
+            if warmup := plan.warmup_claims():
+                progress(f"{functions}: warm-up, {warmup:,} claims (the pool turns over)")
+                _, dry, _ = _claims(server, database, plan, warmup)
+                if dry:
+                    raise BenchError("the warm-up ran the pool dry: raise --pool-blocks")
+            holder = _connect_consumer(server, database)
             try:
-                claims, aborted, stderr = _claims(server, database, plan)
+                held_block, bound = _hold_claim(holder)
+                progress(
+                    f"{functions}: one claim held open (block {held_block}); "
+                    f"{plan.total_claims():,} claims at {plan.rate:,}/s by {plan.clients} "
+                    "pgbench clients"
+                )
+                started = time.monotonic()
+                wall_started = time.time()
+                reader.start()
+                try:
+                    claims, aborted, stderr = _claims(server, database, plan, plan.total_claims())
+                finally:
+                    reader.stop()
+                    leader.stop()
+                took = time.monotonic() - started
+                for ticker in (leader, reader):
+                    if ticker.error is not None:
+                        raise BenchError(f"{ticker.name} failed: {ticker.error}") from ticker.error
+                held = _held_at_end(url, held_block, holder)
+                held["idle_bound_set_by_claim"] = bound
+                holder.rollback()
             finally:
-                reader.stop()
-                leader.stop()
-            took = time.monotonic() - started
-            for ticker in (leader, reader):
-                if ticker.error is not None:
-                    raise BenchError(f"{ticker.name} failed: {ticker.error}") from ticker.error
-            held = _held_at_end(url, held_block, holder)
-            held["idle_bound_set_by_claim"] = str(bound[0]) if bound else None
-            holder.rollback()
+                holder.close()
         finally:
-            holder.close()
+            leader.stop()
         held.update(_after_rollback(url, held_block, plan))
     if aborted and "AL003" not in stderr and "pool empty" not in stderr:
         raise BenchError("pgbench: a client aborted: " + " | ".join(stderr.splitlines()[-3:]))
@@ -417,8 +430,25 @@ def measure_run(
     )
 
 
-def _claims(server: Server, database: str, plan: Plan) -> tuple[list[Claim], bool, str]:
-    """pgbench at a fixed rate; every claim's end time and execution time, by end time."""
+def _hold_claim(holder: psycopg.Connection[Any]) -> tuple[int, str | None]:
+    """The slow consumer: one claim in a transaction left open; its block, and the idle
+    bound the claim set on that transaction."""
+    row = holder.execute(
+        "SELECT block_id FROM allocator.claim_blocks(%s, 1)", (HELD_CONSUMER,)
+    ).fetchone()
+    if row is None:
+        raise BenchError("the held claim got no block")
+    bound = holder.execute("SHOW idle_in_transaction_session_timeout").fetchone()
+    # Lift the claim's idle bound for this experiment only: the transaction must stay open
+    # for the whole run. SET LOCAL, later in the same transaction, overrides the setting
+    # claim_blocks made; the server reads it each time the session goes idle.
+    holder.execute("SET LOCAL idle_in_transaction_session_timeout = 0")
+    return int(row[0]), str(bound[0]) if bound else None
+
+
+def _claims(server: Server, database: str, plan: Plan, count: int) -> tuple[list[Claim], bool, str]:
+    """``count`` claims by pgbench at the plan's rate; every claim's end time and execution
+    time, by end time; whether a client aborted (AL003) and pgbench's stderr."""
     conninfo, env = server.claim_conninfo(database)
     with tempfile.TemporaryDirectory(prefix="bench-slow-") as tmp:
         folder = Path(tmp)
@@ -436,7 +466,7 @@ def _claims(server: Server, database: str, plan: Plan) -> tuple[list[Claim], boo
             "-R",
             str(plan.rate),
             "-t",
-            str(plan.per_client()),
+            str(math.ceil(count / plan.clients)),
             "-f",
             str(script_path),
             "-D",
@@ -445,7 +475,7 @@ def _claims(server: Server, database: str, plan: Plan) -> tuple[list[Claim], boo
             f"--log-prefix={folder / 'tx'}",
             conninfo,
         ]
-        limit = plan.total_claims() / plan.rate * 3 + PGBENCH_GRACE_S
+        limit = count / plan.rate * 3 + PGBENCH_GRACE_S
         try:
             done = subprocess.run(
                 argv,
@@ -541,13 +571,16 @@ class Spans:
 
 
 def _held_at_end(url: str, block_id: int, holder: psycopg.Connection[Any]) -> dict[str, Any]:
-    """What the leader's tables say about the open claim, and whether it is still open."""
+    """What the leader's tables say about the open claim after two more leader runs (the
+    second considers every ticket drawn), and whether the claim is still open."""
     try:
         holder.execute("SELECT 1")
         survived = True
     except psycopg.Error:
         survived = False
     with psycopg.connect(url, autocommit=True) as conn:
+        for _ in range(2):
+            conn.execute(REQUEUE, (EPOCH,))
         floor = conn.execute(FLOOR).fetchone()
         position = conn.execute(POSITION).fetchone()
         pages = conn.execute(HIGH_WATER_PAGES).fetchone()

@@ -90,6 +90,14 @@ DEFAULT_STATE_DIR = Path(".run/bench-slow-consumer")
     help="Pool level the leader keeps (blocks cut up to it every tick).",
 )
 @click.option(
+    "--warmup-claims",
+    type=click.IntRange(0, 10_000_000),
+    default=None,
+    show_envvar=True,
+    help="Claims before the held claim, not measured (the pool turns over). "
+    "[default: twice --pool-blocks]",
+)
+@click.option(
     "--compare/--no-compare",
     default=True,
     show_envvar=True,
@@ -127,6 +135,7 @@ def slow_consumer(
     requeue_every: int,
     status_every_ms: int,
     pool_blocks: int,
+    warmup_claims: int | None,
     compare: bool,
     database_url: str | None,
     state_dir: Path,
@@ -144,6 +153,7 @@ def slow_consumer(
         requeue_every=requeue_every,
         status_every_ms=status_every_ms,
         pool_blocks=pool_blocks,
+        warmup=warmup_claims,
         revisions=(benchslow.HEAD, benchslow.OLD_REVISION) if compare else (benchslow.HEAD,),
     )
     out = json_out or state_dir / f"bench-slow-consumer-{benchkit.timestamp()}.json"
@@ -171,10 +181,11 @@ def slow_consumer(
             "leader_tick_s": plan.tick_s(),
             "status_every_ms": plan.status_every_ms,
             "pool_blocks": plan.pool_blocks,
+            "warmup_claims": plan.warmup_claims(),
             "revisions": list(plan.revisions),
             "pgbench": "-n -M prepared -c C -j min(C,2) -R rate -t claims/C -l",
             "claim_role": server.claim_role(),
-            "held_claim": "first claim, in a transaction kept open; SET LOCAL "
+            "held_claim": "after the warm-up, in a transaction kept open; SET LOCAL "
             "idle_in_transaction_session_timeout = 0 after the claim",
         },
         "targets": {"p99_ratio_max": benchslow.TARGET_P99_RATIO},
