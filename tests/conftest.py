@@ -1,3 +1,21 @@
-"""Fixture plugins shared by every test folder (servers start only when a test asks)."""
+"""Fixture plugins shared by every test folder (servers start only when a test asks), and the
+``soak`` marker: long runs that only ``ALLOCATOR_SOAK=1`` enables (CI does not set it)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
 
 pytest_plugins = ["tests.fixtures.cluster", "tests.fixtures.pg", "tests.fixtures.zk"]
+
+SOAK_ENV = "ALLOCATOR_SOAK"
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(SOAK_ENV) == "1":
+        return
+    skip = pytest.mark.skip(reason=f"soak test: set {SOAK_ENV}=1 to run it")
+    for item in items:
+        if "soak" in item.keywords:
+            item.add_marker(skip)

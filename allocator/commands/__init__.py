@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import click
 
-from allocator.commands import (  # bench_claims registers `bench claims` on import
+from allocator.commands import (  # bench_claims / bench_slow_consumer register on `bench`
     bench_claims,  # noqa: F401
     bench_client,
+    bench_slow_consumer,  # noqa: F401
     claim,
     config_cmd,
     decode,

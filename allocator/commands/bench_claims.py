@@ -31,10 +31,7 @@ import click
 
 from allocator import benchclaims
 from allocator.benchclaims import Plan, Result, Server
-from allocator.commands import (  # registers `bench slow-consumer` on the same group
-    bench_slow_consumer,  # noqa: F401
-    benchkit,
-)
+from allocator.commands import benchkit
 from allocator.commands.bench_client import bench
 
 DEFAULT_STATE_DIR = Path(".run/bench-claims")

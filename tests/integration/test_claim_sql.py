@@ -489,8 +489,12 @@ def wait_for_backend_gone(conn: psycopg.Connection, pid: int, deadline_s: float)
 
 @pytest.mark.parametrize(
     ("session_bound", "deadline_s"),
-    [("2s", 30.0), (None, 120.0)],
-    ids=["shorter-session-bound", "claim-blocks-own-60s-bound"],
+    [
+        pytest.param("2s", 30.0, id="shorter-session-bound"),
+        # The function's own bound takes a minute to show; the setting it makes is checked
+        # by test_a_claim_bounds_how_long_its_transaction_may_sit_idle in every run.
+        pytest.param(None, 120.0, id="claim-blocks-own-60s-bound", marks=pytest.mark.soak),
+    ],
 )
 def test_an_idle_claim_is_ended_by_the_server_and_its_block_requeued(
     conn: psycopg.Connection, db_url: str, session_bound: str | None, deadline_s: float
