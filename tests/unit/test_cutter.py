@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
@@ -419,3 +420,44 @@ def test_block_size_errors_name_the_field() -> None:
     assert caught.value.field == "block_size"
     with pytest.raises(LayoutError):
         capacity_per_ms(DEFAULT, 8192)
+
+
+# -- a mark ahead of the clock: dense cutting within the database's allowance -------------
+
+
+def dense(mark_id: int, count: int, allowance_ms: int) -> Plan:
+    return plan_blocks(DEFAULT, DC, 4096, mark_id, NOW_MS, count, BOUND_MS, allowance_ms)
+
+
+def test_a_mark_an_hour_ahead_is_followed_densely_not_waited_for() -> None:
+    hour_ms = 3_600_000
+    mark = DEFAULT.encode(NOW_MS + hour_ms, DC, DEFAULT.max_lane, DEFAULT.max_sequence)
+    result = dense(mark, 100, hour_ms + 500)
+    assert len(result.blocks) == 100
+    assert result.wait_until_ms is None
+    assert result.clock_behind_ms == hour_ms + 1  # the lead, for the metric
+    # Straight after the mark: its millisecond is used up, so the next one, lane 0.
+    assert result.blocks[0][0] == DEFAULT.encode(NOW_MS + hour_ms + 1, DC, 0, 0)
+    stamps = [DEFAULT.decode(first).timestamp_ms - NOW_MS for first, _ in result.blocks]
+    assert stamps == sorted(stamps)
+    assert stamps[-1] == hour_ms + 4  # 32 blocks per millisecond: 100 blocks span 4 ms
+    assert all(b[0] == a[1] + 1 for a, b in itertools.pairwise(result.blocks[:32]))
+
+
+def test_dense_cutting_never_passes_now_plus_the_allowance_and_says_when_to_retry() -> None:
+    mark = DEFAULT.encode(NOW_MS + 5000, DC, DEFAULT.max_lane, DEFAULT.max_sequence)
+    result = dense(mark, 1000, 5002)  # room for the milliseconds +5001 and +5002 only
+    assert len(result.blocks) == 2 * 32
+    assert max(DEFAULT.decode(last).timestamp_ms for _, last in result.blocks) == NOW_MS + 5002
+    assert result.wait_until_ms == NOW_MS + 1  # the limit reaches +5003 one ms later
+    nothing = dense(mark, 10, 4000)  # the allowance is below the mark: wait for the clock
+    assert nothing.blocks == ()
+    assert nothing.wait_until_ms == NOW_MS + 5001 - 4000
+
+
+def test_without_an_allowance_a_mark_ahead_is_still_a_clock_behind() -> None:
+    mark = DEFAULT.encode(NOW_MS + BOUND_MS + 1, DC, 0, 0)
+    with pytest.raises(ClockBehindError):
+        plan_blocks(DEFAULT, DC, 4096, mark, NOW_MS, 10, BOUND_MS, None)
+    small_lead = DEFAULT.encode(NOW_MS + 10, DC, 0, 0)  # within max_clock_behind_ms: wait
+    assert dense(small_lead, 10, 5000).blocks == ()
