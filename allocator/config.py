@@ -38,6 +38,8 @@ from typing import Annotated, Any, Literal, TypeVar
 from urllib.parse import urlsplit
 
 import click
+import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -224,9 +226,13 @@ class PostgresConfig(_Section):
         if scheme not in {"postgresql", "postgres"} or "://" not in url:
             raise ValueError("must be a postgresql:// or postgres:// URL")
         try:
-            urlsplit(url).port  # noqa: B018 - parsing the port validates it
-        except ValueError:
+            params = conninfo_to_dict(url)
+        except psycopg.ProgrammingError:
             raise ValueError("has an invalid host or port") from None
+        # A multi-host URL (a primary and its standbys) lists its ports comma-separated.
+        for port in filter(None, str(params.get("port", "")).split(",")):
+            if not port.isdigit() or not 1 <= int(port) <= 65535:
+                raise ValueError("has an invalid host or port")
         return value
 
 

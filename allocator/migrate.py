@@ -4,7 +4,8 @@ Rules: ``upgrade_to_head`` / ``downgrade_to_base`` are the only entry points the
 project uses (``allocator migrate``, the local cluster manager, test fixtures). Versions run
 their SQL through :func:`run_sql_file`, which hands a whole file to the driver without bind
 parameter parsing (PL/pgSQL uses ``:=`` and ``%``). Database URLs are plain libpq-style
-``postgresql://`` URLs everywhere in the project; the SQLAlchemy dialect is added here.
+``postgresql://`` URLs everywhere in the project, multi-host ones included: libpq opens the
+connection (:func:`engine`), SQLAlchemy never parses the URL (it takes one host only).
 """
 
 from __future__ import annotations
@@ -12,11 +13,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+import psycopg
 from alembic import command
 from alembic.config import Config as AlembicConfig
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, pool
+from sqlalchemy import Engine, create_engine, pool
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
 from allocator.errors import AllocatorError
@@ -32,12 +34,26 @@ class MigrationError(AllocatorError):
     """A migration could not be applied (the database says why)."""
 
 
-def sqlalchemy_url(url: str) -> str:
-    """``postgresql://…`` → ``postgresql+psycopg://…`` (psycopg 3 driver)."""
+URL_ATTRIBUTE = "allocator_database_url"
+"""Where :func:`_alembic_config` hands the URL to ``migrations/env.py``."""
+
+
+def libpq_url(url: str) -> str:
+    """``postgresql+psycopg://…`` / ``postgres://…`` → ``postgresql://…`` for libpq."""
     for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
         if url.startswith(prefix):
-            return "postgresql+psycopg://" + url[len(prefix) :]
+            return "postgresql://" + url[len(prefix) :]
     raise MigrationError(f"not a PostgreSQL URL: {url.split('@')[-1]!r}")
+
+
+def engine(url: str) -> Engine:
+    """A SQLAlchemy engine whose connections libpq opens from ``url`` (no pooling)."""
+    conninfo = libpq_url(url)
+    return create_engine(
+        "postgresql+psycopg://",
+        creator=lambda: psycopg.connect(conninfo),
+        poolclass=pool.NullPool,
+    )
 
 
 def _alembic_config(url: str) -> AlembicConfig:
@@ -45,8 +61,7 @@ def _alembic_config(url: str) -> AlembicConfig:
         raise MigrationError(f"migrations folder not found at {MIGRATIONS_DIR}")
     config = AlembicConfig()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    # ConfigParser interpolation: a literal % in a URL (encoded password) must be doubled.
-    config.set_main_option("sqlalchemy.url", sqlalchemy_url(url).replace("%", "%%"))
+    config.attributes[URL_ATTRIBUTE] = libpq_url(url)
     return config
 
 
@@ -62,14 +77,14 @@ def downgrade_to_base(url: str) -> None:
 
 def current_revision(url: str) -> str | None:
     """The revision the database is at, or None when it was never migrated."""
-    engine = create_engine(sqlalchemy_url(url), poolclass=pool.NullPool)
+    reader = engine(url)
     try:
-        with engine.connect() as connection:
+        with reader.connect() as connection:
             return MigrationContext.configure(connection).get_current_revision()
     except SQLAlchemyError as exc:
         raise MigrationError("cannot read the schema version") from _driver_error(exc)
     finally:
-        engine.dispose()
+        reader.dispose()
 
 
 def head_revision() -> str:

@@ -1,22 +1,25 @@
 """Alembic environment for the allocator schema.
 
-Rules: the database URL comes from the Alembic config (set by ``allocator.migrate``), never
-from a file in the repository; migrations run online only, one transaction per run
-(PostgreSQL DDL is transactional, so a failed upgrade leaves nothing half-done). The version
-table lives in the ``public`` schema so that dropping ``allocator`` on downgrade is clean.
+Rules: the database URL comes from the Alembic config's attributes (set by
+``allocator.migrate``), never from a file in the repository; libpq opens the connection
+(``allocator.migrate.engine``), so multi-host URLs work; migrations run online only, one
+transaction per run (PostgreSQL DDL is transactional, so a failed upgrade leaves nothing
+half-done). The version table lives in the ``public`` schema so that dropping ``allocator``
+on downgrade is clean.
 """
 
 from __future__ import annotations
 
 from alembic import context
-from sqlalchemy import create_engine, pool
+
+from allocator import migrate
 
 
 def run_migrations_online() -> None:
-    url = context.config.get_main_option("sqlalchemy.url")
+    url = context.config.attributes.get(migrate.URL_ATTRIBUTE)
     if not url:
         raise RuntimeError("no database URL given to the allocator migrations")
-    engine = create_engine(url, poolclass=pool.NullPool)
+    engine = migrate.engine(url)
     with engine.connect() as connection:
         context.configure(connection=connection, transaction_per_migration=False)
         with context.begin_transaction():

@@ -109,6 +109,7 @@ BAD: list[tuple[str, str]] = [
     ("postgres.url", "mysql://u@h/db"),
     ("postgres.url", "not a url"),
     ("postgres.url", "postgresql://u:pw@h:99999/db"),
+    ("postgres.url", "postgresql://u@h1:5432,h2:x/db?target_session_attrs=read-write"),
     ("postgres.pool_min_size", "-1"),
     ("postgres.pool_min_size", "5"),  # above the default max; blamed on max, see below
     ("postgres.pool_max_size", "0"),
@@ -251,6 +252,12 @@ def test_config_path_from_environment(tmp_path: Path) -> None:
 def test_foreign_allocator_variables_are_ignored() -> None:
     env = {"ALLOCATOR_SOAK": "1", "ALLOCATOR_DECODE_JSON": "1", "ALLOCATOR_LOCAL_UP_NODES": "3"}
     assert load(env=env) == load()
+
+
+def test_a_multi_host_url_names_a_primary_and_its_standbys() -> None:
+    url = "postgresql://node@10.0.0.1:5432,10.0.0.2:5433/ids?target_session_attrs=read-write"
+    config = load(env={env_name("postgres.url"): url})
+    assert config.postgres.url.get_secret_value() == url
 
 
 @pytest.mark.parametrize(("key", "value"), BAD)
