@@ -116,6 +116,14 @@ def local() -> None:
     help="An extra environment variable for every node (e.g. ALLOCATOR_POOL_MIN_BLOCKS=8); "
     "repeatable; replaces the recorded set when given.",
 )
+@click.option(
+    "--pg-standby",
+    is_flag=True,
+    default=False,
+    show_envvar=True,
+    help="Add a streaming standby that every commit waits for (synchronous replication), "
+    "or rebuild the one a failover retired; `pg-failover` promotes it.",
+)
 @_state_dir_option
 @_json_option
 @click.option(
@@ -133,6 +141,7 @@ def up(
     session_timeout_ms: int | None,
     node_command: str | None,
     node_env: tuple[str, ...],
+    pg_standby: bool,
     state_dir: Path,
     as_json: bool,
     migrate: bool,
@@ -150,6 +159,7 @@ def up(
         node_command=command,
         node_env=_parse_env(node_env) if node_env else None,
         session_timeout_ms=session_timeout_ms,
+        pg_standby=pg_standby,
     )
     if nodes is None and not cluster.exists():
         nodes = nodes_mod.DEFAULT_NODES
@@ -236,6 +246,18 @@ def pg_stop(mode: postgres.StopMode, state_dir: Path) -> None:
     click.echo(f"PostgreSQL stopped ({mode})")
 
 
+@local.command("pg-failover")
+@_state_dir_option
+@_json_option
+def pg_failover(state_dir: Path, as_json: bool) -> None:
+    """Kill the PostgreSQL primary (stop -m immediate) and promote its standby (a drill)."""
+    info = LocalCluster(state_dir).pg_failover()
+    if as_json:
+        _emit(info, as_json)
+        return
+    click.echo(f"PostgreSQL primary killed; the standby on port {info.postgres.port} promoted")
+
+
 @local.command("pg-start")
 @_state_dir_option
 def pg_start(state_dir: Path) -> None:
@@ -302,6 +324,10 @@ def _exit_label(code: int | None) -> str:
     return str(code)
 
 
+def _yes_no(value: bool | None) -> str:
+    return "-" if value is None else ("yes" if value else "no")
+
+
 def _emit(info: ClusterInfo, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(info.to_json(), indent=2))
@@ -328,8 +354,15 @@ def render(info: ClusterInfo) -> list[str]:
         for s in info.zk_servers
     ]
     state = "running" if pg.running else "stopped"
+    lines.append(f"PostgreSQL   pid {pid(pg.pid)}, port {pg.port}, {state} (OS user {pg.os_user})")
+    if len(info.pg_servers) > 1:
+        lines.append(f"  {'server':<12}{'role':<10}{'pid':<9}{'port':<8}{'recovery':<10}sync")
+        lines += [
+            f"  {s.name:<12}{s.role:<10}{pid(s.pid):<9}{s.port:<8}"
+            f"{_yes_no(s.in_recovery):<10}{s.sync_state or '-'}"
+            for s in info.pg_servers
+        ]
     lines += [
-        f"PostgreSQL   pid {pid(pg.pid)}, port {pg.port}, {state} (OS user {pg.os_user})",
         f"database     {info.database_url}  (superuser)",
         f"  node role  {info.node_database_url}",
         f"  app role   {info.consumer_database_url}",

@@ -1,4 +1,5 @@
-"""The embedded cluster: a ZooKeeper ensemble, a PostgreSQL server and allocator nodes.
+"""The embedded cluster: a ZooKeeper ensemble, PostgreSQL (a primary, optionally a
+synchronous standby) and allocator nodes.
 
 Rules:
 
@@ -37,6 +38,14 @@ Rules:
   ``down`` retries it. ``down`` is harmless when nothing runs
   and keeps the data unless ``purge``; purging removes only what the cluster created, never
   other files in the state folder.
+- PostgreSQL servers have a recorded role: ``primary`` (exactly one), ``standby`` (made by
+  ``pg_standby``), ``retired`` (a primary a failover left behind: never started again, as
+  it would be a second primary on an abandoned timeline, until ``pg_standby`` rebuilds it
+  as the standby). The primary waits for the standby's flush on every commit once the
+  standby streams (``up`` waits for ``sync``). Every URL handed out lists all the servers'
+  ports with ``target_session_attrs=read-write``, in a fixed order, so it never changes
+  across a failover. ``pg_failover`` kills the primary (``immediate``) and promotes the
+  standby.
 - Use as a context manager in tests: ``with LocalCluster(dir) as cluster:`` runs ``up`` and
   always ``down``, also when ``up`` fails half-way.
 """
@@ -86,7 +95,7 @@ LOGIN_ROLES = (
     (nodes_mod.CONSUMER_LOGIN_ROLE, "allocator_consumer"),
 )
 MIN_CLIENT_CHECK_S = 5.0
-_CREATED_SUBTREES = ("zk", "pg", "nodes")
+_CREATED_SUBTREES = ("zk", postgres.FIRST_SERVER, postgres.STANDBY_SERVER, "nodes")
 
 
 @dataclass(frozen=True)
@@ -105,7 +114,13 @@ class ZkServerInfo:
 
 @dataclass(frozen=True)
 class PostgresInfo:
-    """The PostgreSQL server as ``status`` sees it; ``pid`` is None when it is not running."""
+    """A PostgreSQL server as ``status`` sees it; ``pid`` is None when it is not running.
+
+    ``role`` is what the record says (primary, standby, retired); ``in_recovery`` what the
+    server says (``pg_is_in_recovery()``; None when it does not answer or was not asked);
+    ``sync_state`` how the primary sees its standby (``sync``, ``async``, None: not
+    streaming), on both servers' entries.
+    """
 
     pid: int | None
     port: int
@@ -114,6 +129,25 @@ class PostgresInfo:
     os_user: str
     data_dir: Path
     log: Path
+    name: str = postgres.FIRST_SERVER
+    role: str = "primary"
+    in_recovery: bool | None = None
+    sync_state: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "role": self.role,
+            "pid": self.pid,
+            "port": self.port,
+            "running": self.running,
+            "in_recovery": self.in_recovery,
+            "sync_state": self.sync_state,
+            "superuser": self.superuser,
+            "os_user": self.os_user,
+            "data_dir": str(self.data_dir),
+            "log": str(self.log),
+        }
 
 
 @dataclass(frozen=True)
@@ -176,6 +210,7 @@ class ClusterInfo:
     admin_token: str = ""
     session_timeout_ms: int = nodes_mod.DEFAULT_SESSION_TIMEOUT_MS
     supervisor_pid: int | None = None
+    pg_servers: tuple[PostgresInfo, ...] = ()
 
     @property
     def running(self) -> bool:
@@ -201,15 +236,8 @@ class ClusterInfo:
                 }
                 for s in self.zk_servers
             ],
-            "postgres": {
-                "pid": self.postgres.pid,
-                "port": self.postgres.port,
-                "running": self.postgres.running,
-                "superuser": self.postgres.superuser,
-                "os_user": self.postgres.os_user,
-                "data_dir": str(self.postgres.data_dir),
-                "log": str(self.postgres.log),
-            },
+            "postgres": self.postgres.to_json(),
+            "pg_servers": [server.to_json() for server in self.pg_servers],
             "nodes": [node.to_json() for node in self.nodes],
             "node_zk_hosts": self.node_zk_hosts,
             "node_database_url": self.node_database_url,
@@ -237,11 +265,43 @@ class _ZkRecord:
     proc: _Proc
 
 
+PRIMARY = "primary"
+STANDBY = "standby"
+RETIRED = "retired"
+"""A primary that a failover left behind: never started again (it would be a second
+primary on an old timeline); ``down --purge`` removes it."""
+
+
 @dataclass
 class _PgRecord:
     port: int
     data_dir: str
     proc: _Proc
+    server: str = postgres.FIRST_SERVER
+    role: str = PRIMARY
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "port": self.port,
+            "data_dir": self.data_dir,
+            "pid": self.proc.pid,
+            "argv": self.proc.argv,
+            "server": self.server,
+            "role": self.role,
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any], server: str) -> _PgRecord:
+        role = str(raw.get("role", PRIMARY))
+        if role not in (PRIMARY, STANDBY, RETIRED):
+            raise ValueError(f"unknown PostgreSQL role {role!r}")
+        return cls(
+            int(raw["port"]),
+            str(raw["data_dir"]),
+            _Proc(raw["pid"], [str(a) for a in raw["argv"]]),
+            server=str(raw.get("server", server)),
+            role=role,
+        )
 
 
 @dataclass
@@ -260,6 +320,26 @@ class _State:
     node_command: list[str] | None = None
     node_env: dict[str, str] = field(default_factory=dict)
     session_timeout_ms: int | None = None
+    standby: _PgRecord | None = None
+
+    def pg_servers(self) -> list[_PgRecord]:
+        """The PostgreSQL servers: the first one, then the standby if there is one."""
+        return [self.postgres] + ([self.standby] if self.standby is not None else [])
+
+    def primary(self) -> _PgRecord:
+        """The server that takes writes (the standby once a failover promoted it)."""
+        for record in self.pg_servers():
+            if record.role == PRIMARY:
+                return record
+        raise LocalClusterError("the cluster record names no PostgreSQL primary")
+
+    def live_standby(self) -> _PgRecord | None:
+        """The server in the standby role, if any (none after a failover, until rebuilt)."""
+        return next((r for r in self.pg_servers() if r.role == STANDBY), None)
+
+    def pg_ports(self) -> list[int]:
+        """Every server's port, in a fixed order: clients' multi-host URLs list them all."""
+        return [record.port for record in self.pg_servers()]
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -279,12 +359,8 @@ class _State:
                 }
                 for r in self.zk
             ],
-            "postgres": {
-                "port": self.postgres.port,
-                "data_dir": self.postgres.data_dir,
-                "pid": self.postgres.proc.pid,
-                "argv": self.postgres.proc.argv,
-            },
+            "postgres": self.postgres.to_json(),
+            "pg_standby": self.standby.to_json() if self.standby is not None else None,
             "admin_token": self.admin_token,
             "node_command": self.node_command,
             "node_env": self.node_env,
@@ -318,8 +394,11 @@ class _State:
                 )
                 for z in raw["zk"]
             ],
-            postgres=_PgRecord(
-                int(pg["port"]), str(pg["data_dir"]), _Proc(pg["pid"], [str(a) for a in pg["argv"]])
+            postgres=_PgRecord.from_json(pg, postgres.FIRST_SERVER),
+            standby=(
+                _PgRecord.from_json(raw["pg_standby"], postgres.STANDBY_SERVER)
+                if raw.get("pg_standby")
+                else None
             ),
             created_at=str(raw.get("created_at", "")),
             # Records from before the nodes had none; one is made up when nodes first start.
@@ -349,6 +428,9 @@ class LocalCluster:
     node, e.g. ``{"ALLOCATOR_POOL_MIN_BLOCKS": "8"}`` (None: as recorded);
     ``session_timeout_ms`` the nodes' ZooKeeper session timeout (None: as recorded, else
     4000 ms).
+
+    ``pg_standby``: add a synchronous streaming standby to PostgreSQL if there is none (also
+    to rebuild the one a failover retired); :meth:`pg_failover` promotes it.
     """
 
     def __init__(
@@ -369,6 +451,7 @@ class LocalCluster:
         node_command: Sequence[str] | None = None,
         node_env: Mapping[str, str] | None = None,
         session_timeout_ms: int | None = None,
+        pg_standby: bool = False,
     ) -> None:
         if zk_servers is None and zk_client_ports is not None:
             zk_servers = len(zk_client_ports)
@@ -409,6 +492,7 @@ class LocalCluster:
         except ValueError as exc:
             raise UsageError(str(exc)) from None
         self._session_timeout_ms = session_timeout_ms
+        self._pg_standby = pg_standby
 
     # -- public API -------------------------------------------------------------------------
 
@@ -436,10 +520,13 @@ class LocalCluster:
                 state = self._new_state()
             else:
                 self._check_request(state)
+            if self._pg_standby:
+                self._want_standby(state)
             self._start_missing(state)
+            primary = state.primary()
             if migrate:
-                _apply_migrations(postgres.database_url(state.superuser, state.postgres.port))
-            postgres.ensure_login_roles(state.postgres.port, state.superuser, LOGIN_ROLES)
+                _apply_migrations(postgres.database_url(state.superuser, state.pg_ports()))
+            postgres.ensure_login_roles(primary.port, state.superuser, LOGIN_ROLES)
             self._start_nodes(state, count)
             return self._info(state)
 
@@ -539,7 +626,7 @@ class LocalCluster:
             try:
                 zookeeper.wait_ready(daemon, record.server, deadline, need_quorum=need_quorum)
             except BaseException:
-                self._rollback(state, zk_ids=[server_id], pg=False)
+                self._rollback(state, zk_ids=[server_id], pg=[])
                 raise
 
     def stop_postgres(self, mode: StopMode = "fast") -> None:
@@ -550,24 +637,59 @@ class LocalCluster:
             )
         with self._locked():
             state = self._require_state()
-            postgres.stop(state.postgres.proc.pid, state.postgres.proc.argv, mode)
-            _forget_if_gone(state.postgres.proc)
+            primary = state.primary()
+            postgres.stop(primary.proc.pid, primary.proc.argv, mode)
+            _forget_if_gone(primary.proc)
             self._save(state)
+
+    def pg_failover(self) -> ClusterInfo:
+        """Kill the primary (``stop -m immediate``) and promote the standby in its place.
+
+        The old primary is retired: never started again (its timeline ends where it died).
+        Clients with the cluster's multi-host URLs reach the new primary on their next
+        connection. ``up --pg-standby`` rebuilds the retired server as the new standby.
+        """
+        with self._locked():
+            state = self._require_state()
+            standby = state.live_standby()
+            if standby is None:
+                raise UsageError(
+                    f"the cluster in {self.state_dir} has no standby to promote: "
+                    f"`allocator local up --pg-standby --state-dir {self.state_dir}` adds one"
+                )
+            if not standby.proc.alive():
+                raise LocalClusterError(
+                    f"the standby (port {standby.port}) is not running: `allocator local up "
+                    f"--state-dir {self.state_dir}` starts it"
+                )
+            old = state.primary()
+            postgres.stop(old.proc.pid, old.proc.argv, "immediate")
+            _forget_if_gone(old.proc)
+            if old.proc.pid is not None:
+                raise LocalClusterError(f"the primary (pid {old.proc.pid}) did not stop")
+            old.role = RETIRED
+            self._save(state)
+            postgres.promote(standby.port, state.superuser)
+            standby.role = PRIMARY
+            self._save(state)
+            log.info("postgres_failover retired_port=%d primary_port=%d", old.port, standby.port)
+            return self._info(state)
 
     def start_postgres(self) -> None:
         """Start PostgreSQL on its recorded port (no-op if it runs) and wait until it serves."""
         with self._locked():
             state = self._require_state()
-            if state.postgres.proc.alive():
+            primary = state.primary()
+            if primary.proc.alive():
                 return
             bin_dir, user = self._pg_prerequisites(state)
-            ports.ensure_free(state.postgres.port, "PostgreSQL port")
+            ports.ensure_free(primary.port, "PostgreSQL port")
             deadline = time.monotonic() + self._start_timeout_s
             try:
-                daemon = self._spawn_pg(state, bin_dir, user)
+                daemon = self._spawn_pg(state, primary, bin_dir, user)
                 self._wait_pg(state, daemon, deadline)
             except BaseException:
-                self._rollback(state, zk_ids=[], pg=True)
+                self._rollback(state, zk_ids=[], pg=[primary])
                 raise
 
     def __enter__(self) -> LocalCluster:
@@ -636,22 +758,53 @@ class LocalCluster:
                 f"not {self._tick_ms}; `allocator local down --purge` first to change it"
             )
 
+    def _want_standby(self, state: _State) -> None:
+        """Record a standby to create: a new server, or the one a failover retired."""
+        if state.live_standby() is not None:
+            return
+        retired = next((r for r in state.pg_servers() if r.role == RETIRED), None)
+        if retired is not None:
+            if retired.proc.alive():
+                raise LocalClusterError(
+                    f"the retired PostgreSQL server (pid {retired.proc.pid}) still runs"
+                )
+            _discard_data(Path(retired.data_dir))
+            retired.role = STANDBY
+        else:
+            taken = set(state.pg_ports()) | {
+                p
+                for r in state.zk
+                for p in (r.server.client_port, r.server.peer_port, r.server.election_port)
+            }
+            taken |= {spec.admin_port for spec in state.nodes}
+            port = _pick_ports(1, exclude=taken)[0]
+            data_dir = postgres.pg_dir(self.state_dir, postgres.STANDBY_SERVER) / "data"
+            state.standby = _PgRecord(
+                port, str(data_dir), _Proc(), server=postgres.STANDBY_SERVER, role=STANDBY
+            )
+        self._save(state)
+
     def _start_missing(self, state: _State) -> None:
         zk_todo = [r for r in state.zk if not r.proc.alive()]
-        pg_todo = not state.postgres.proc.alive()
-        if not zk_todo and not pg_todo:
+        primary = state.primary()
+        pg_todo = not primary.proc.alive()
+        standby = state.live_standby()
+        standby_todo = standby is not None and not standby.proc.alive()
+        if not zk_todo and not pg_todo and not standby_todo:
             return
         # Everything that can fail without side effects comes first.
         runtime = self._zk_runtime() if zk_todo else None
-        pg_needs = self._pg_prerequisites(state) if pg_todo else None
+        pg_needs = self._pg_prerequisites(state) if pg_todo or standby_todo else None
         for record in zk_todo:
             _check_zk_ports(record)
         if pg_todo:
-            ports.ensure_free(state.postgres.port, "PostgreSQL port")
+            ports.ensure_free(primary.port, "PostgreSQL port")
+        if standby is not None and standby_todo:
+            ports.ensure_free(standby.port, "PostgreSQL standby port")
         self._save(state)
         deadline = time.monotonic() + self._start_timeout_s
         started_zk: list[int] = []
-        pg_started = False
+        pg_started: list[_PgRecord] = []
         pg_daemon: processes.Daemon | None = None
         try:
             daemons: list[tuple[_ZkRecord, processes.Daemon]] = []
@@ -659,14 +812,17 @@ class LocalCluster:
                 assert runtime is not None
                 daemons.append((record, self._spawn_zk(state, record, runtime)))
                 started_zk.append(record.server.id)
-            if pg_needs is not None:
+            if pg_needs is not None and pg_todo:
                 # initdb and the PostgreSQL start overlap the ZooKeeper election.
-                pg_started = True
-                pg_daemon = self._spawn_pg(state, *pg_needs)
+                pg_started.append(primary)
+                pg_daemon = self._spawn_pg(state, primary, *pg_needs)
             for record, daemon in daemons:
                 zookeeper.wait_ready(daemon, record.server, deadline, need_quorum=True)
             if pg_daemon is not None:
                 self._wait_pg(state, pg_daemon, deadline)
+            if pg_needs is not None and standby is not None and standby_todo:
+                pg_started.append(standby)
+                self._start_standby(state, standby, *pg_needs, deadline=deadline)
             if daemons:
                 remaining = max(MIN_CLIENT_CHECK_S, deadline - time.monotonic())
                 zookeeper.check_client(_zk_hosts(state), remaining)
@@ -684,31 +840,78 @@ class LocalCluster:
         log.info("zookeeper_started id=%d pid=%d", record.server.id, daemon.pid)
         return daemon
 
-    def _spawn_pg(self, state: _State, bin_dir: Path, user: processes.OsUser) -> processes.Daemon:
-        data_dir = postgres.prepare_data_dir(self.state_dir, user)
-        if str(data_dir) != state.postgres.data_dir:
-            state.postgres.data_dir = str(data_dir)
+    def _spawn_pg(
+        self, state: _State, record: _PgRecord, bin_dir: Path, user: processes.OsUser
+    ) -> processes.Daemon:
+        """Start ``record``'s server (``initdb`` first for a new primary)."""
+        data_dir = postgres.prepare_data_dir(self.state_dir, user, record.server)
+        if str(data_dir) != record.data_dir:
+            record.data_dir = str(data_dir)
             self._save(state)
-        if not postgres.is_initialized(data_dir):
-            postgres.initdb(bin_dir, self.state_dir, data_dir, user, state.superuser)
-        daemon = postgres.start(bin_dir, self.state_dir, data_dir, state.postgres.port, user)
-        state.postgres.proc = _Proc(daemon.pid, list(daemon.argv))
+        primary = state.primary()
+        if record is primary:
+            standby = state.live_standby()
+            synchronous = standby is not None and postgres.is_initialized(Path(standby.data_dir))
+            replication = postgres.primary_settings(synchronous)
+            if not postgres.is_initialized(data_dir):
+                postgres.initdb(bin_dir, self.state_dir, data_dir, user, state.superuser)
+        else:
+            replication = postgres.standby_settings(primary.port, state.superuser)
+            if not postgres.is_initialized(data_dir):
+                postgres.base_backup(
+                    bin_dir,
+                    self.state_dir,
+                    data_dir,
+                    primary.port,
+                    state.superuser,
+                    user,
+                    server=record.server,
+                )
+        daemon = postgres.start(
+            bin_dir,
+            self.state_dir,
+            data_dir,
+            record.port,
+            user,
+            server=record.server,
+            replication=replication,
+        )
+        record.proc = _Proc(daemon.pid, list(daemon.argv))
         self._save(state)
-        log.info("postgres_started pid=%d port=%d", daemon.pid, state.postgres.port)
+        log.info("postgres_started pid=%d port=%d role=%s", daemon.pid, record.port, record.role)
         return daemon
 
     def _wait_pg(self, state: _State, daemon: processes.Daemon, deadline: float) -> None:
-        postgres.wait_ready(daemon, state.postgres.port, state.superuser, deadline)
-        postgres.ensure_database(state.postgres.port, state.superuser)
+        primary = state.primary()
+        postgres.wait_ready(daemon, primary.port, state.superuser, deadline)
+        postgres.ensure_database(primary.port, state.superuser)
 
-    def _rollback(self, state: _State, *, zk_ids: Sequence[int], pg: bool) -> None:
+    def _start_standby(
+        self,
+        state: _State,
+        standby: _PgRecord,
+        bin_dir: Path,
+        user: processes.OsUser,
+        *,
+        deadline: float,
+    ) -> None:
+        """Start the standby (a base backup first), then make the primary wait for it."""
+        daemon = self._spawn_pg(state, standby, bin_dir, user)
+        postgres.wait_ready(daemon, standby.port, state.superuser, deadline)
+        primary = state.primary()
+        postgres.write_settings(
+            Path(primary.data_dir), primary.port, user, postgres.primary_settings(True)
+        )
+        postgres.reload(primary.port, state.superuser)
+        postgres.wait_synchronous(primary.port, state.superuser, deadline)
+
+    def _rollback(self, state: _State, *, zk_ids: Sequence[int], pg: Sequence[_PgRecord]) -> None:
         """Stop what a failed start began (best effort; the original error is what matters)."""
         try:
-            if pg:
-                proc = state.postgres.proc
+            for server in pg:
                 processes.stop(
-                    proc.pid,
-                    proc.argv,
+                    server.proc.pid,
+                    server.proc.argv,
                     sig=postgres.stop_signal("immediate"),
                     timeout_s=ROLLBACK_STOP_TIMEOUT_S,
                 )
@@ -720,7 +923,8 @@ class LocalCluster:
         except Exception:
             log.exception("rollback_failed state=%s", self.state_dir)
         finally:
-            _forget_if_gone(state.postgres.proc)
+            for server in state.pg_servers():
+                _forget_if_gone(server.proc)
             for record in state.zk:
                 _forget_if_gone(record.proc)
             self._save(state)
@@ -802,16 +1006,14 @@ class LocalCluster:
             state.admin_token = _new_token()
         recorded = {spec.name: spec.admin_port for spec in state.nodes}
         names = [nodes_mod.node_name(i) for i in range(1, count + 1)]
-        taken = set(recorded.values()) | {state.postgres.port}
+        taken = set(recorded.values()) | set(state.pg_ports())
         for record in state.zk:
             server = record.server
             taken |= {server.client_port, server.peer_port, server.election_port}
         fresh = iter(_pick_ports(sum(n not in recorded for n in names), exclude=taken))
         argv = state.node_command or nodes_mod.default_command()
         zk_hosts = _zk_hosts(state) + nodes_mod.DEFAULT_CHROOT
-        db_url = nodes_mod.login_url(
-            nodes_mod.NODE_LOGIN_ROLE, state.postgres.port, postgres.DATABASE
-        )
+        db_url = nodes_mod.login_url(nodes_mod.NODE_LOGIN_ROLE, state.pg_ports(), postgres.DATABASE)
         specs = []
         for name in names:
             port = recorded[name] if name in recorded else next(fresh)
@@ -925,15 +1127,22 @@ class LocalCluster:
             "nodes",
             lambda: nodes_mod.stop_recorded(self.state_dir, _nodes_stop_timeout_s(state)),
         )
-        pg = state.postgres.proc
-        attempt("PostgreSQL", lambda: postgres.stop(pg.pid, pg.argv, "fast"))
+        # The primary first: its fast shutdown sends the standby all of its WAL.
+        pg_servers = sorted(state.pg_servers(), key=lambda r: r.role != PRIMARY)
+        for server in pg_servers:
+            attempt(
+                f"PostgreSQL {server.server} ({server.role})"
+                if len(pg_servers) > 1
+                else "PostgreSQL",
+                lambda s=server: postgres.stop(s.proc.pid, s.proc.argv, "fast"),  # type: ignore[misc]
+            )
         zk_targets: list[processes.Target] = [
             (r.proc.pid, r.proc.argv) for r in state.zk if r.proc.pid is not None
         ]
         attempt("ZooKeeper", lambda: processes.stop_all(zk_targets, timeout_s=ZK_STOP_TIMEOUT_S))
         # Forget only the pids whose process is confirmed gone: the others stay recorded so
         # that a later `down` retries them (nodes.json keeps the nodes' pids the same way).
-        for proc in (state.supervisor, pg, *(r.proc for r in state.zk)):
+        for proc in (state.supervisor, *(s.proc for s in pg_servers), *(r.proc for r in state.zk)):
             _forget_if_gone(proc)
         self._save(state)
         if failures:
@@ -950,9 +1159,10 @@ class LocalCluster:
         self._save(state)
 
     def _purge(self, state: _State) -> None:
-        relocated = postgres.relocated_data_dir(self.state_dir)
-        if relocated is not None:
-            shutil.rmtree(relocated, ignore_errors=True)
+        for server in state.pg_servers():
+            relocated = postgres.relocated_data_dir(self.state_dir, server.server)
+            if relocated is not None:
+                shutil.rmtree(relocated, ignore_errors=True)
         for name in _CREATED_SUBTREES:
             shutil.rmtree(self.state_dir / name, ignore_errors=True)
         for name in (STATE_FILE, LOCK_FILE):
@@ -1011,6 +1221,9 @@ class LocalCluster:
         tmp.write_text(json.dumps(state.to_json(), indent=2) + "\n")
         tmp.replace(self.state_file)
 
+    def _pg_info(self, state: _State) -> tuple[PostgresInfo, ...]:
+        return tuple(_pg_server_info(state, r, self.state_dir) for r in state.pg_servers())
+
     def _info(self, state: _State) -> ClusterInfo:
         servers = []
         for record in state.zk:
@@ -1028,34 +1241,54 @@ class LocalCluster:
                     log=zookeeper.log_path(self.state_dir, server.id),
                 )
             )
-        pg_running = state.postgres.proc.alive()
+        pg_servers = self._pg_info(state)
+        pg_ports = state.pg_ports()
         return ClusterInfo(
             state_dir=self.state_dir,
             zk_hosts=_zk_hosts(state),
-            database_url=postgres.database_url(state.superuser, state.postgres.port),
+            database_url=postgres.database_url(state.superuser, pg_ports),
             zk_servers=tuple(servers),
-            postgres=PostgresInfo(
-                pid=state.postgres.proc.pid if pg_running else None,
-                port=state.postgres.port,
-                running=pg_running,
-                superuser=state.superuser,
-                os_user=state.os_user,
-                data_dir=Path(state.postgres.data_dir),
-                log=postgres.log_path(self.state_dir),
-            ),
+            postgres=next(p for p in pg_servers if p.role == PRIMARY),
+            pg_servers=pg_servers,
             nodes=self._nodes_info(state),
             tick_ms=state.tick_ms,
             node_zk_hosts=_zk_hosts(state) + nodes_mod.DEFAULT_CHROOT,
             node_database_url=nodes_mod.login_url(
-                nodes_mod.NODE_LOGIN_ROLE, state.postgres.port, postgres.DATABASE
+                nodes_mod.NODE_LOGIN_ROLE, pg_ports, postgres.DATABASE
             ),
             consumer_database_url=nodes_mod.login_url(
-                nodes_mod.CONSUMER_LOGIN_ROLE, state.postgres.port, postgres.DATABASE
+                nodes_mod.CONSUMER_LOGIN_ROLE, pg_ports, postgres.DATABASE
             ),
             admin_token=state.admin_token,
             session_timeout_ms=state.session_timeout_ms or nodes_mod.DEFAULT_SESSION_TIMEOUT_MS,
             supervisor_pid=state.supervisor.pid if state.supervisor.alive() else None,
         )
+
+
+def _pg_server_info(state: _State, record: _PgRecord, state_dir: Path) -> PostgresInfo:
+    running = record.proc.alive()
+    replicated = state.standby is not None
+    primary = state.primary()
+    return PostgresInfo(
+        pid=record.proc.pid if running else None,
+        port=record.port,
+        running=running,
+        superuser=state.superuser,
+        os_user=state.os_user,
+        data_dir=Path(record.data_dir),
+        log=postgres.log_path(state_dir, record.server),
+        name=record.server,
+        role=record.role,
+        # Asked only where there is replication to tell about (status stays cheap).
+        in_recovery=(
+            postgres.in_recovery(record.port, state.superuser) if replicated and running else None
+        ),
+        sync_state=(
+            postgres.sync_state(primary.port, state.superuser)
+            if record.role == STANDBY and primary.proc.alive()
+            else None
+        ),
+    )
 
 
 def _zk_hosts(state: _State) -> str:
@@ -1085,6 +1318,17 @@ def _forget_if_gone(proc: _Proc) -> None:
     """Clear a recorded pid once its process is confirmed gone (never before)."""
     if not proc.alive():
         proc.pid = None
+
+
+def _discard_data(data_dir: Path) -> None:
+    """Delete a retired server's data (a relocated folder stays linked, emptied)."""
+    target = Path(os.readlink(data_dir)) if data_dir.is_symlink() else data_dir
+    if target.is_dir():
+        for child in target.iterdir():
+            if child.is_dir() and not child.is_symlink():
+                shutil.rmtree(child)
+            else:
+                child.unlink()
 
 
 def _new_token() -> str:

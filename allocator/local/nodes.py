@@ -39,9 +39,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import quote
 
-from allocator.local import processes
+from allocator.local import postgres, processes
 from allocator.local.ports import LOOPBACK
 
 log = logging.getLogger(__name__)
@@ -112,9 +111,11 @@ def supervisor_command(state_dir: Path) -> list[str]:
     return [sys.executable, "-m", "allocator.local.supervisor", "--state-dir", str(state_dir)]
 
 
-def login_url(role: str, port: int, database: str) -> str:
-    """``postgresql://<role>@127.0.0.1:<port>/<database>`` (trust authentication)."""
-    return f"postgresql://{quote(role, safe='')}@{LOOPBACK}:{port}/{quote(database)}"
+def login_url(role: str, port: int | Sequence[int], database: str) -> str:
+    """``postgresql://<role>@127.0.0.1:<port>/<database>`` (trust authentication); several
+    ports make a multi-host URL that keeps to the writable server (see
+    :func:`allocator.local.postgres.database_url`)."""
+    return postgres.database_url(role, port, database)
 
 
 def admin_url(port: int) -> str:

@@ -29,6 +29,13 @@ Rules:
   modes are the signals ``pg_ctl`` sends: smart = SIGTERM, fast = SIGINT, immediate =
   SIGQUIT (no shutdown checkpoint; the next start runs crash recovery).
 - Ready = a psycopg connection succeeds. The ``allocator`` database is created if missing.
+- A standby (``<state>/pg-standby/``, or the first server rebuilt after a failover) is a
+  ``pg_basebackup`` of the primary plus ``standby.signal``; it streams with
+  ``application_name`` :data:`STANDBY_NAME`. A primary lists that name in
+  ``synchronous_standby_names`` once the standby exists, so with ``synchronous_commit = on``
+  a commit waits for the standby's flush. Replication connections use the superuser over
+  loopback (initdb's ``trust`` lines for ``replication``). Several servers' ports make a
+  multi-host URL with ``target_session_attrs=read-write`` (:func:`database_url`).
 - Login roles for the nodes and for applications (:func:`ensure_login_roles`) are created
   after the migrations, as members of the NOLOGIN groups the migrations create.
 - Missing binaries raise :class:`PrerequisiteError` naming the apt-get fix; a failed
@@ -67,6 +74,11 @@ INSTALL_HINT = "apt-get install postgresql-15"
 SETTINGS_FILE = "allocator.conf"
 READY_POLL_INTERVAL_S = 0.05
 CONNECT_TIMEOUT_S = 2  # libpq's minimum
+FIRST_SERVER = "pg"
+STANDBY_SERVER = "pg-standby"
+STANDBY_NAME = "allocator_standby"
+"""The standby's ``application_name``, which the primary's ``synchronous_standby_names`` names."""
+PROMOTE_TIMEOUT_S = 60
 
 StopMode = Literal["smart", "fast", "immediate"]
 STOP_MODES: tuple[StopMode, ...] = ("smart", "fast", "immediate")
@@ -121,28 +133,36 @@ def server_user() -> processes.OsUser:
         ) from None
 
 
-def pg_dir(state_dir: Path) -> Path:
-    """``<state>/pg``."""
-    return state_dir / "pg"
+def pg_dir(state_dir: Path, server: str = FIRST_SERVER) -> Path:
+    """``<state>/pg`` (the first server) or ``<state>/pg-standby``."""
+    return state_dir / server
 
 
-def log_path(state_dir: Path) -> Path:
+def log_path(state_dir: Path, server: str = FIRST_SERVER) -> Path:
     """The postmaster's log file."""
-    return pg_dir(state_dir) / "postgres.log"
+    return pg_dir(state_dir, server) / "postgres.log"
 
 
-def database_url(superuser: str, port: int, database: str = DATABASE) -> str:
-    """``postgresql://<superuser>@127.0.0.1:<port>/<database>``."""
-    return f"postgresql://{quote(superuser, safe='')}@{LOOPBACK}:{port}/{quote(database)}"
+def database_url(user: str, port: int | Sequence[int], database: str = DATABASE) -> str:
+    """``postgresql://<user>@127.0.0.1:<port>/<database>``.
 
-
-def prepare_data_dir(state_dir: Path, user: processes.OsUser) -> Path:
-    """Create ``<state>/pg`` for ``user``; return the data folder the server will use.
-
-    That is ``<state>/pg/data`` when ``user`` can reach it, else a relocated folder that
-    ``<state>/pg/data`` links to (see the module rules).
+    With several ports (a primary and its standby) the URL lists them all and asks for
+    ``target_session_attrs=read-write``: libpq tries each in turn and keeps the one that
+    takes writes, so clients follow a failover without being told.
     """
-    base = pg_dir(state_dir)
+    many = [port] if isinstance(port, int) else list(port)
+    hosts = ",".join(f"{LOOPBACK}:{p}" for p in many)
+    query = "?target_session_attrs=read-write" if len(many) > 1 else ""
+    return f"postgresql://{quote(user, safe='')}@{hosts}/{quote(database)}{query}"
+
+
+def prepare_data_dir(state_dir: Path, user: processes.OsUser, server: str = FIRST_SERVER) -> Path:
+    """Create ``<state>/<server>`` for ``user``; return the data folder the server will use.
+
+    That is ``<state>/<server>/data`` when ``user`` can reach it, else a relocated folder
+    that ``<state>/<server>/data`` links to (see the module rules).
+    """
+    base = pg_dir(state_dir, server)
     base.mkdir(parents=True, exist_ok=True)
     _own(base, user)
     link = base / "data"
@@ -167,9 +187,9 @@ def prepare_data_dir(state_dir: Path, user: processes.OsUser) -> Path:
     return target
 
 
-def relocated_data_dir(state_dir: Path) -> Path | None:
-    """The folder ``<state>/pg/data`` links to, if it was relocated."""
-    link = pg_dir(state_dir) / "data"
+def relocated_data_dir(state_dir: Path, server: str = FIRST_SERVER) -> Path | None:
+    """The folder ``<state>/<server>/data`` links to, if it was relocated."""
+    link = pg_dir(state_dir, server) / "data"
     return Path(os.readlink(link)) if link.is_symlink() else None
 
 
@@ -286,14 +306,18 @@ CLAIM_PATH_SETTINGS: tuple[_Setting, ...] = (
 )
 
 
-def render_settings(port: int) -> str:
-    """The text of ``allocator.conf``: each group of settings with a comment saying why."""
+def render_settings(port: int, replication: Sequence[_Setting] = ()) -> str:
+    """The text of ``allocator.conf``: each group of settings with a comment saying why.
+
+    ``replication``: the settings of :func:`primary_settings` or :func:`standby_settings`.
+    """
     lines = ["# Generated by `allocator local`; rewritten at every start. Loopback-only server."]
     settings = (
         *_SERVER_SETTINGS[:3],
         ("port", str(port), "recorded in cluster.json"),
         *_SERVER_SETTINGS[3:],
         *CLAIM_PATH_SETTINGS,
+        *replication,
     )
     for key, value, why in settings:
         if key is None:
@@ -307,10 +331,152 @@ def render_settings(port: int) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_settings(data_dir: Path, port: int, user: processes.OsUser) -> None:
+def primary_settings(synchronous: bool) -> tuple[_Setting, ...]:
+    """Replication settings of a primary; ``synchronous`` once its standby streams.
+
+    With ``synchronous_standby_names`` set and ``synchronous_commit = on``, a commit returns
+    only once the standby has flushed its WAL: a claim acknowledged by the primary survives
+    its loss (DESIGN I4 across a failover). Until the standby exists (its base backup is
+    taken from this very server) the primary commits alone.
+    """
+    names = f"'{STANDBY_NAME}'" if synchronous else "''"
+    why = (
+        "a commit waits until the standby has flushed its WAL"
+        if synchronous
+        else "no standby streams yet"
+    )
+    return (
+        (None, "", "Replication: this server is the primary."),
+        ("synchronous_standby_names", names, why),
+    )
+
+
+def standby_settings(primary_port: int, superuser: str) -> tuple[_Setting, ...]:
+    """Replication settings of the standby, streaming from the primary on ``primary_port``."""
+    conninfo = (
+        f"host={LOOPBACK} port={primary_port} user={superuser} application_name={STANDBY_NAME}"
+    )
+    return (
+        (None, "", "Replication: this server is a standby (standby.signal) until promoted."),
+        ("primary_conninfo", f"'{conninfo}'", "ignored once promoted"),
+        ("hot_standby", "on", "answers read-only queries, e.g. pg_is_in_recovery()"),
+        ("synchronous_standby_names", "''", "after a promotion it commits alone"),
+    )
+
+
+def base_backup(
+    bin_dir: Path,
+    state_dir: Path,
+    data_dir: Path,
+    primary_port: int,
+    superuser: str,
+    user: processes.OsUser,
+    *,
+    server: str = STANDBY_SERVER,
+) -> None:
+    """Copy the primary into ``data_dir`` (``pg_basebackup``, WAL streamed) as a standby."""
+    out = pg_dir(state_dir, server) / "basebackup.log"
+    offset = out.stat().st_size if out.exists() else 0
+    argv = [
+        str(bin_dir / "pg_basebackup"),
+        "-D",
+        str(data_dir),
+        "-h",
+        LOOPBACK,
+        "-p",
+        str(primary_port),
+        "-U",
+        superuser,
+        "--wal-method=stream",
+        "--checkpoint=fast",
+        "--no-password",
+    ]
+    code = processes.run(argv, log_path=out, env=_ENV, cwd=Path("/"), user=user)
+    if code != 0:
+        raise ServerStartError(
+            f"pg_basebackup failed (exit {code}); last lines of {out}:\n"
+            + processes.tail(out, offset=offset)
+        )
+    signal_file = data_dir / "standby.signal"
+    signal_file.touch()
+    _own(signal_file, user)
+
+
+def in_recovery(port: int, superuser: str) -> bool | None:
+    """``pg_is_in_recovery()`` of the server on ``port``; None if it does not answer."""
+    try:
+        with psycopg.connect(
+            database_url(superuser, port, "postgres"), connect_timeout=CONNECT_TIMEOUT_S
+        ) as conn:
+            row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+    except psycopg.Error:
+        return None
+    return bool(row[0]) if row else None
+
+
+def sync_state(port: int, superuser: str) -> str | None:
+    """How the primary on ``port`` sees its standby: ``sync``, ``async``, … or None."""
+    try:
+        with psycopg.connect(
+            database_url(superuser, port, "postgres"), connect_timeout=CONNECT_TIMEOUT_S
+        ) as conn:
+            row = conn.execute(
+                "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s"
+                " AND state = 'streaming'",
+                (STANDBY_NAME,),
+            ).fetchone()
+    except psycopg.Error:
+        return None
+    return str(row[0]) if row else None
+
+
+def reload(port: int, superuser: str) -> None:
+    """``pg_reload_conf()`` on the server on ``port`` (after :func:`write_settings`)."""
+    try:
+        with psycopg.connect(
+            database_url(superuser, port, "postgres"),
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT_S,
+        ) as conn:
+            conn.execute("SELECT pg_reload_conf()")
+    except psycopg.Error as exc:
+        raise LocalClusterError(f"could not reload PostgreSQL on port {port}") from exc
+
+
+def wait_synchronous(port: int, superuser: str, deadline: float) -> None:
+    """Wait until the primary on ``port`` streams to its standby synchronously."""
+    while (state := sync_state(port, superuser)) != "sync":
+        if time.monotonic() >= deadline:
+            raise ServerStartError(
+                f"the standby did not stream synchronously from the primary on port {port} "
+                f"by its deadline (sync_state {state!r}); see its postgres.log"
+            )
+        time.sleep(READY_POLL_INTERVAL_S)
+
+
+def promote(port: int, superuser: str) -> None:
+    """Promote the standby on ``port`` (``pg_promote``, waiting until it accepts writes)."""
+    try:
+        with psycopg.connect(
+            database_url(superuser, port, "postgres"),
+            autocommit=True,
+            connect_timeout=CONNECT_TIMEOUT_S,
+        ) as conn:
+            row = conn.execute("SELECT pg_promote(true, %s)", (PROMOTE_TIMEOUT_S,)).fetchone()
+    except psycopg.Error as exc:
+        raise LocalClusterError(f"could not promote the standby on port {port}") from exc
+    if not row or not row[0]:
+        raise LocalClusterError(
+            f"the standby on port {port} did not finish its promotion within {PROMOTE_TIMEOUT_S} s"
+        )
+
+
+def write_settings(
+    data_dir: Path, port: int, user: processes.OsUser, replication: Sequence[_Setting] = ()
+) -> None:
     """Write ``allocator.conf`` and include it from ``postgresql.conf`` (once)."""
     settings = data_dir / SETTINGS_FILE
-    settings.write_text(render_settings(port))
+    settings.write_text(render_settings(port, replication))
     settings.chmod(0o600)
     _own(settings, user)
     main = data_dir / "postgresql.conf"
@@ -326,18 +492,25 @@ def command(bin_dir: Path, data_dir: Path) -> list[str]:
 
 
 def start(
-    bin_dir: Path, state_dir: Path, data_dir: Path, port: int, user: processes.OsUser
+    bin_dir: Path,
+    state_dir: Path,
+    data_dir: Path,
+    port: int,
+    user: processes.OsUser,
+    *,
+    server: str = FIRST_SERVER,
+    replication: Sequence[_Setting] = (),
 ) -> processes.Daemon:
     """Write the settings and start the postmaster as a daemon (not waiting for it)."""
-    write_settings(data_dir, port, user)
+    write_settings(data_dir, port, user, replication)
     daemon = processes.start(
         command(bin_dir, data_dir),
-        log_path=log_path(state_dir),
+        log_path=log_path(state_dir, server),
         env=_ENV,
         cwd=Path("/"),
         user=user,
     )
-    _own(log_path(state_dir), user)
+    _own(log_path(state_dir, server), user)
     return daemon
 
 
