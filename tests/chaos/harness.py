@@ -358,8 +358,10 @@ class ChaosCluster:
         nodes: int = 3,
         session_timeout_ms: int = SESSION_TIMEOUT_MS,
         node_env: Mapping[str, str] | None = None,
+        pg_standby: bool = False,
     ) -> None:
         self._zk = zk
+        self._pg_standby = pg_standby
         self._nodes = nodes
         self.session_timeout_ms = session_timeout_ms
         self._node_env = {**NODE_ENV, **(node_env or {})}
@@ -383,6 +385,7 @@ class ChaosCluster:
             tick_ms=TICK_MS,
             session_timeout_ms=self.session_timeout_ms,
             node_env=self._node_env,
+            pg_standby=self._pg_standby,
         )
         try:
             self._remember(self.manager.up(migrate=True, nodes=self._nodes))
