@@ -217,6 +217,11 @@ class PostgresConfig(_Section):
     keepalives_idle_s: Int = Field(default=2, ge=1)
     keepalives_interval_s: Int = Field(default=1, ge=1)
     keepalives_count: Int = Field(default=3, ge=1)
+    allow_async_replication: bool = False
+    """Cut even when the database has standbys that no commit waits for. A failover to such
+    a standby loses acknowledged claims (handed out again) and moves the mark back: only for
+    an operator who accepts duplicates. Nodes warn at every start and export
+    ``allocator_async_replication_allowed``."""
 
     @field_validator("url")
     @classmethod

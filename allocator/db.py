@@ -204,6 +204,42 @@ class ClockReading:
         return abs(self.offset_ms) - self.uncertainty_ms > bound_ms
 
 
+SYNCHRONOUS_COMMIT_LEVELS = frozenset({"on", "remote_apply"})
+"""``synchronous_commit`` values whose commit waits for a synchronous standby's flush."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replication:
+    """How the database replicates, from ``allocator.replication_status()`` (migration 0005)."""
+
+    standbys: int
+    """Standbys streaming now plus physical slots nobody streams from."""
+    synchronous_standbys: int
+    """Streaming standbys a commit waits for (``sync`` or ``quorum``)."""
+    synchronous_standby_names: str
+    synchronous_commit: str
+    """This node's session setting."""
+    in_recovery: bool
+
+    @property
+    def asynchronous(self) -> bool:
+        """True if there are standbys and a commit (of this node) waits for none of them: a
+        failover to one may lose acknowledged claims and move the mark back."""
+        if self.standbys == 0:
+            return False
+        return (
+            self.synchronous_standbys == 0
+            or self.synchronous_commit not in SYNCHRONOUS_COMMIT_LEVELS
+        )
+
+    def describe(self) -> str:
+        return (
+            f"standbys={self.standbys} synchronous_standbys={self.synchronous_standbys} "
+            f"synchronous_standby_names={self.synchronous_standby_names!r} "
+            f"synchronous_commit={self.synchronous_commit}"
+        )
+
+
 @dataclass(frozen=True, slots=True)
 class Rebase:
     """What ``allocator.rebase_fence`` did."""
@@ -547,6 +583,14 @@ class NodeDatabase:
         with self._connection("ping the database") as conn:
             conn.execute(sql.PING)
 
+    def replication(self) -> Replication:
+        """How the database replicates (one round trip; see :class:`Replication`)."""
+        with self._connection("read the replication status") as conn:
+            row = conn.execute(sql.REPLICATION_STATUS).fetchone()
+        if row is None:
+            raise DatabaseError("read the replication status: the database returned no row")
+        return _replication(row)
+
     def read_clock(self, now_ms: Callable[[], float]) -> ClockReading:
         """The database clock against ``now_ms`` (the node's clock), from one round trip."""
         with self._connection("read the database clock") as conn:
@@ -593,6 +637,30 @@ def rebase_fence(
     if row is None:
         raise DatabaseError(f"{what}: the database returned no row")
     return row
+
+
+def read_replication(
+    url: str, *, connect_timeout_s: float = STATUS_CONNECT_TIMEOUT_S
+) -> Replication:
+    """How the database at ``url`` replicates, as whoever ``url`` logs in as (node/operator)."""
+    what = "read the replication status"
+    with _translated(what):
+        conn = psycopg.connect(
+            url,
+            autocommit=True,
+            connect_timeout=max(2, math.ceil(connect_timeout_s)),
+            application_name=STATUS_APPLICATION_NAME,
+        )
+        with conn:
+            row = conn.execute(sql.REPLICATION_STATUS).fetchone()
+    if row is None:
+        raise DatabaseError(f"{what}: the database returned no row")
+    return _replication(row)
+
+
+def _replication(row: tuple[Any, ...]) -> Replication:
+    standbys, synchronous, names, commit, in_recovery = row
+    return Replication(int(standbys), int(synchronous), str(names), str(commit), bool(in_recovery))
 
 
 def read_status(

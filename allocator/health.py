@@ -52,6 +52,9 @@ class NodeHealth:
         self._term_started: float | None = None
         self._last_write_ok: float | None = None
         self.offset_ms: float | None = None
+        self.async_replication: bool | None = None
+        """Whether the database, at the leader's last refill, had standbys no commit waits
+        for (None: not checked yet). The same for every node: never a reason to hand over."""
 
     # -- the probe ---------------------------------------------------------------------
 
@@ -67,6 +70,11 @@ class NodeHealth:
         """A clock comparison made elsewhere (the refill, a rejected cut)."""
         with self._lock:
             self._set_clock_ok(ok)
+
+    def replication_checked(self, asynchronous: bool) -> None:
+        """The refill's verdict on the database's replication."""
+        with self._lock:
+            self.async_replication = asynchronous
 
     def _set_clock_ok(self, ok: bool) -> None:
         self._clock_ok = ok

@@ -85,6 +85,18 @@ class NodeMetrics:
             "(it does not cut)",
             registry=r,
         )
+        self.async_replication = Gauge(
+            "allocator_async_replication",
+            "1 while the database has standbys that no commit waits for (a failover may lose "
+            "acknowledged claims); the leader then cuts nothing unless "
+            "postgres.allow_async_replication",
+            registry=r,
+        )
+        self.async_replication_allowed = Gauge(
+            "allocator_async_replication_allowed",
+            "1 if postgres.allow_async_replication is set: this node cuts on asynchronous standbys",
+            registry=r,
+        )
         self.database_reachable = Gauge(
             "allocator_database_reachable",
             "1 if the last probe of the database succeeded",

@@ -222,6 +222,8 @@ class Node:
             "clock_offset_ms": self._health.offset_ms,
             "fence_ahead_of_zookeeper": self._fence_ahead,
             "handover_withheld": self._handover_withheld,
+            "async_replication": self._health.async_replication,
+            "async_replication_allowed": self._config.postgres.allow_async_replication,
         }
         if self._expose_session_password and client_id:  # TEST HOOK: never in production
             snapshot["session_password"] = client_id[1].hex()
@@ -238,6 +240,16 @@ class Node:
             self._jobs.start_scheduler()
             self._election = self._start_session()
             log.info("event=started name=%s admin_url=%s", self.name, self._admin.url)
+            self._metrics.async_replication_allowed.set(
+                int(config.postgres.allow_async_replication)
+            )
+            if config.postgres.allow_async_replication:
+                log.warning(
+                    "event=async_replication_allowed name=%s: postgres.allow_async_replication "
+                    "is set; this node cuts even when no standby confirms commits, and a "
+                    "failover to such a standby can hand out IDs twice",
+                    self.name,
+                )
             self._probe_thread = threading.Thread(
                 target=self._probe_loop, name="db-probe", daemon=True
             )

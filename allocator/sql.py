@@ -53,6 +53,12 @@ PING: Final = "SELECT 1"
 DB_CLOCK: Final = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS db_ms"
 """The database server's clock in Unix milliseconds: the cluster's reference clock."""
 
+REPLICATION_STATUS: Final = (
+    "SELECT standbys, synchronous_standbys, synchronous_standby_names, synchronous_commit,"
+    " in_recovery FROM allocator.replication_status()"
+)
+"""How the database replicates (migration 0005): nodes refuse to cut on async standbys."""
+
 # -- the fence and block writes (node role) -----------------------------------------------
 
 TAKE_FENCE: Final = (

@@ -97,7 +97,7 @@ def _refill(ctx: LeaderContext) -> int:
     ahead_ms = max(0, status.mark_ahead_ms or 0)
     ctx.metrics.mark_ahead_seconds.set(ahead_ms / 1000)
     need = pool_target(config.pool, status.claim_rate_blocks_per_s) - status.available_blocks
-    if not _clock_agrees(ctx) or need <= 0:
+    if not _clock_agrees(ctx) or not _replication_allows_cutting(ctx) or need <= 0:
         ctx.metrics.refill_seconds.observe(time.monotonic() - started)
         return 0
     lead_ms = status.mark_lead_ms
@@ -163,6 +163,30 @@ def _clock_agrees(ctx: LeaderContext) -> bool:
             bound,
         )
     return agrees
+
+
+def _replication_allows_cutting(ctx: LeaderContext) -> bool:
+    """Check how the database replicates (one round trip); False: do not cut now."""
+    replication = ctx.db.replication()
+    asynchronous = replication.asynchronous
+    ctx.hooks.health.replication_checked(asynchronous)
+    ctx.metrics.async_replication.set(int(asynchronous))
+    if not asynchronous:
+        return True
+    if ctx.config.postgres.allow_async_replication:
+        log.warning(
+            "event=async_replication epoch=%s %s: cutting anyway (allowed)",
+            ctx.term.epoch,
+            replication.describe(),
+        )
+        return True
+    log.error(
+        "event=async_replication epoch=%s %s: not cutting; a failover could lose acknowledged "
+        "claims (make a standby synchronous, or set postgres.allow_async_replication)",
+        ctx.term.epoch,
+        replication.describe(),
+    )
+    return False
 
 
 def _allowance(pool: PoolConfig, lead_ms: int | None) -> int | None:

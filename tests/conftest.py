@@ -7,7 +7,12 @@ import os
 
 import pytest
 
-pytest_plugins = ["tests.fixtures.cluster", "tests.fixtures.pg", "tests.fixtures.zk"]
+pytest_plugins = [
+    "tests.fixtures.cluster",
+    "tests.fixtures.pg",
+    "tests.fixtures.replication",
+    "tests.fixtures.zk",
+]
 
 SOAK_ENV = "ALLOCATOR_SOAK"
 

@@ -5,18 +5,23 @@ variables and ``--set`` flags merged) with secrets masked; it never prints a sec
 invalid configuration exits 78 (EX_CONFIG) and lists every problem on stderr, one line
 each, naming its key, value and source (other commands show the same as a single line);
 with ``--json`` stdout also gets ``{"valid": false, "errors": [...]}``. A file that cannot
-be read, or a malformed ``--set``, is one error line as usual.
+be read, or a malformed ``--set``, is one error line as usual. ``--database`` also connects
+to ``postgres.url`` (the only check that does) and treats standbys that no commit waits for
+as a problem (exit 78) unless ``postgres.allow_async_replication`` is set, which is always
+warned about.
 """
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 from pathlib import Path
 
 import click
 
 from allocator import config as config_mod
-from allocator.errors import InvalidConfigError
+from allocator.db import Replication, read_replication
+from allocator.errors import AllocatorError, InvalidConfigError
 from allocator.layout import format_utc_ms
 
 
@@ -38,7 +43,16 @@ def config() -> None:
 @config.command("check")
 @config_mod.config_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def check(config_path: Path | None, set_pairs: tuple[str, ...], as_json: bool) -> None:
+@click.option(
+    "--database",
+    "probe_database",
+    is_flag=True,
+    help="Also connect to postgres.url and check how it replicates: standbys that no commit "
+    "waits for are a problem unless postgres.allow_async_replication is set.",
+)
+def check(
+    config_path: Path | None, set_pairs: tuple[str, ...], as_json: bool, probe_database: bool
+) -> None:
     """Validate the configuration and print it, secrets masked.
 
     Exits 0 when valid; otherwise lists every problem, naming its key, and exits 78.
@@ -54,10 +68,61 @@ def check(config_path: Path | None, set_pairs: tuple[str, ...], as_json: bool) -
             click.echo(f"  {problem}", err=True)
         raise click.exceptions.Exit(exc.exit_code) from exc
     ends_at = format_utc_ms(loaded.layout.ends_at_ms)
+    warnings, problems, replication = _replication_findings(loaded, probe_database)
     if as_json:
-        document = {"valid": True, "config": loaded.masked_dict(), "layout_ends_at": ends_at}
+        document = {
+            "valid": not problems,
+            "config": loaded.masked_dict(),
+            "layout_ends_at": ends_at,
+            "warnings": warnings,
+        }
+        if problems:
+            document["errors"] = problems
+        if replication is not None:
+            document["replication"] = asdict(replication) | {
+                "asynchronous": replication.asynchronous
+            }
         click.echo(json.dumps(document, indent=2))
-        return
-    click.echo("# effective configuration (secrets masked)")
-    click.echo(render_toml(loaded.masked_dict()))
-    click.echo(f"\n# configuration is valid; the layout's time bits run out on {ends_at}")
+    else:
+        click.echo("# effective configuration (secrets masked)")
+        click.echo(render_toml(loaded.masked_dict()))
+        for warning in warnings:
+            click.echo(f"warning: {warning}", err=True)
+        if not problems:
+            click.echo(f"\n# configuration is valid; the layout's time bits run out on {ends_at}")
+        for problem in problems:
+            click.echo(f"error: {problem}", err=True)
+    if problems:
+        raise click.exceptions.Exit(InvalidConfigError.exit_code)
+
+
+def _replication_findings(
+    loaded: config_mod.Config, probe_database: bool
+) -> tuple[list[str], list[str], Replication | None]:
+    """(warnings, problems, the database's replication if probed)."""
+    allowed = loaded.postgres.allow_async_replication
+    warnings = []
+    if allowed:
+        warnings.append(
+            "postgres.allow_async_replication is set: nodes cut even when no standby confirms "
+            "commits, and a failover to such a standby can hand out IDs twice"
+        )
+    if not probe_database:
+        return warnings, [], None
+    try:
+        replication = read_replication(
+            loaded.postgres.url.get_secret_value(),
+            connect_timeout_s=loaded.postgres.connect_timeout_s,
+        )
+    except AllocatorError as exc:
+        return warnings, [f"postgres.url: cannot check replication: {exc}"], None
+    if replication.asynchronous and not allowed:
+        problem = (
+            f"the database replicates asynchronously ({replication.describe()}): nodes will "
+            "not cut; make a standby synchronous (synchronous_standby_names, synchronous_commit "
+            "on) or set postgres.allow_async_replication"
+        )
+        return warnings, [problem], replication
+    if replication.asynchronous:
+        warnings.append(f"the database replicates asynchronously ({replication.describe()})")
+    return warnings, [], replication

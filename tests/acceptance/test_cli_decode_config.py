@@ -203,3 +203,40 @@ def test_migrate_to_base_is_never_confirmed_by_the_environment() -> None:
     result = run("migrate", "--check", "--database-url", "postgresql://x@127.0.0.1:1/x", env=env)
     assert "base" not in result.stderr
     assert "add --yes" not in result.stderr
+
+
+def test_config_check_database_refuses_asynchronous_replication(
+    db_url: str, async_standby_slot: str
+) -> None:
+    env = {"ALLOCATOR_POSTGRES_URL": db_url}
+    result = run("config", "check", "--database", env=env)
+    assert result.returncode == EX_CONFIG, result.stderr
+    assert "error: the database replicates asynchronously (standbys=1" in result.stderr
+    assert "postgres.allow_async_replication" in result.stderr
+    allowed = run(
+        "config",
+        "check",
+        "--database",
+        "--json",
+        env={**env, "ALLOCATOR_POSTGRES_ALLOW_ASYNC_REPLICATION": "true"},
+    )
+    assert allowed.returncode == 0, allowed.stderr
+    document = json.loads(allowed.stdout)
+    assert document["valid"] is True
+    assert document["replication"]["asynchronous"] is True
+    assert any("allow_async_replication is set" in w for w in document["warnings"])
+
+
+def test_config_check_database_without_standbys_is_valid(db_url: str) -> None:
+    result = run("config", "check", "--database", "--json", env={"ALLOCATOR_POSTGRES_URL": db_url})
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["replication"]["standbys"] == 0
+    assert document["warnings"] == []
+
+
+def test_config_check_database_unreachable_is_a_problem(unused_tcp_port: int) -> None:
+    url = f"postgresql://nobody@127.0.0.1:{unused_tcp_port}/x"
+    result = run("config", "check", "--database", env={"ALLOCATOR_POSTGRES_URL": url})
+    assert result.returncode == EX_CONFIG
+    assert "error: postgres.url: cannot check replication" in result.stderr

@@ -227,6 +227,37 @@ def test_leader_whose_clock_disagrees_cuts_nothing_and_hands_over_only_to_a_fit_
     assert ("skewed", "clock_skew") in reasons
 
 
+def test_a_database_with_an_asynchronous_standby_gets_no_cut_unless_it_is_allowed(
+    make_node: Callable[..., RunningNode], db_url: str, async_standby_slot: str
+) -> None:
+    """Issue 9: a failover to a standby no commit waited for loses acknowledged claims. The
+    leader takes the fence but cuts nothing, says why (metric, /status); a node with
+    ``postgres.allow_async_replication`` cuts, and says that it was allowed."""
+    careful = make_node("careful")
+    wait_for(lambda: fence(db_url)[1] == "careful", "careful to lead")
+    metrics = careful.node.metrics.registry
+    wait_for(lambda: metrics.get_sample_value("allocator_async_replication") == 1, "the metric")
+    assert metrics.get_sample_value("allocator_async_replication_allowed") == 0
+    snapshot = careful.node.snapshot()
+    assert (snapshot["async_replication"], snapshot["async_replication_allowed"]) == (True, False)
+    assert ledger(db_url) == []  # nothing cut
+    assert careful.stop() == EXIT_OK
+    allowed = make_node("allowed", **{"postgres.allow_async_replication": True})
+    wait_for(lambda: available(db_url) >= 40, "the allowed node to cut")
+    metrics = allowed.node.metrics.registry
+    assert metrics.get_sample_value("allocator_async_replication") == 1
+    assert metrics.get_sample_value("allocator_async_replication_allowed") == 1
+
+
+def test_a_database_without_standbys_is_not_asynchronous(
+    make_node: Callable[..., RunningNode], db_url: str
+) -> None:
+    node = make_node("plain")
+    wait_for(lambda: available(db_url) >= 40, "the pool to fill")
+    assert node.node.metrics.registry.get_sample_value("allocator_async_replication") == 0
+    assert node.node.snapshot()["async_replication"] is False
+
+
 def test_step_down_hands_over_at_once_and_rejoins_at_the_back(
     make_node: Callable[..., RunningNode], db_url: str
 ) -> None:

@@ -37,6 +37,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "zookeeper.max_reconnect_delay_s": ("60", 60.0),
     "zookeeper.auth": ("user:pw", "user:pw"),
     "postgres.url": ("postgres://u:pw@db.example:6432/ids", "postgres://u:pw@db.example:6432/ids"),
+    "postgres.allow_async_replication": ("true", True),
     "postgres.pool_min_size": ("0", 0),
     "postgres.pool_max_size": ("9", 9),
     "postgres.statement_timeout_ms": ("100", 100),
@@ -110,6 +111,7 @@ BAD: list[tuple[str, str]] = [
     ("postgres.url", "not a url"),
     ("postgres.url", "postgresql://u:pw@h:99999/db"),
     ("postgres.url", "postgresql://u@h1:5432,h2:x/db?target_session_attrs=read-write"),
+    ("postgres.allow_async_replication", "maybe"),
     ("postgres.pool_min_size", "-1"),
     ("postgres.pool_min_size", "5"),  # above the default max; blamed on max, see below
     ("postgres.pool_max_size", "0"),

@@ -1,0 +1,2 @@
+-- 0005 downgrade: the replication report goes; nothing else changed.
+DROP FUNCTION allocator.replication_status();
