@@ -28,7 +28,8 @@ FUNCTIONS_0002 = {
     "lock_fence",
     "blocks_disjoint",
 }
-FUNCTIONS = FUNCTIONS_0002 | {"db_now_ms", "id_time_ms", "check_layout", "rebase_fence"}
+FUNCTIONS_0003 = FUNCTIONS_0002 | {"db_now_ms", "id_time_ms", "check_layout", "rebase_fence"}
+FUNCTIONS = FUNCTIONS_0003 | {"replication_status"}
 ROLES = {"allocator_consumer", "allocator_node", "allocator_operator"}
 
 
@@ -88,10 +89,12 @@ def test_downgrade_step_by_step_restores_each_older_schema_and_upgrade_returns(
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
         take_fence(conn, 7)
         cut(conn, 7, [(100, 199)])
+    command.downgrade(migrate._alembic_config(empty_db_url), "0004")
+    assert schema_objects(empty_db_url)["functions"] == FUNCTIONS_0003
     command.downgrade(migrate._alembic_config(empty_db_url), "0003")
     assert migrate.current_revision(empty_db_url) == "0003"
     objects = schema_objects(empty_db_url)
-    assert objects == {"tables": TABLES_0003, "views": VIEWS, "functions": FUNCTIONS}
+    assert objects == {"tables": TABLES_0003, "views": VIEWS, "functions": FUNCTIONS_0003}
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
         conn.execute("SELECT allocator.requeue_stranded(0, 7)")
         assert claim(conn, "at-0003") == [(1, 100, 199)]
@@ -209,7 +212,7 @@ def function_definitions(url: str) -> dict[str, tuple[str, str | None, str | Non
 def test_downgrade_from_0004_restores_the_0003_functions_exactly(empty_db_url: str) -> None:
     command.upgrade(migrate._alembic_config(empty_db_url), "0003")
     before = function_definitions(empty_db_url)
-    migrate.upgrade_to_head(empty_db_url)
+    command.upgrade(migrate._alembic_config(empty_db_url), "0004")
     changed = {n for n, d in function_definitions(empty_db_url).items() if before.get(n) != d}
     assert changed == {
         "allocator.claim_blocks(text,integer)",
@@ -217,4 +220,28 @@ def test_downgrade_from_0004_restores_the_0003_functions_exactly(empty_db_url: s
         "allocator.available_blocks()",
     }
     command.downgrade(migrate._alembic_config(empty_db_url), "0003")
+    assert function_definitions(empty_db_url) == before
+
+
+def test_0005_adds_only_replication_status_for_nodes_and_operators(empty_db_url: str) -> None:
+    command.upgrade(migrate._alembic_config(empty_db_url), "0004")
+    before = function_definitions(empty_db_url)
+    migrate.upgrade_to_head(empty_db_url)
+    after = function_definitions(empty_db_url)
+    assert {n for n, d in after.items() if before.get(n) != d} == {"allocator.replication_status()"}
+    with psycopg.connect(empty_db_url) as conn:
+        for role, expected in [
+            ("allocator_node", True),
+            ("allocator_operator", True),
+            ("allocator_consumer", False),
+            ("public", False),
+        ]:
+            (has,) = conn.execute(  # type: ignore[misc]
+                "SELECT has_function_privilege(%s, 'allocator.replication_status()', 'EXECUTE')",
+                (role,),
+            ).fetchone()
+            assert has is expected, role
+        row = conn.execute("SELECT * FROM allocator.replication_status()").fetchone()
+    assert row == (0, 0, "", "on", False)  # the test server has no standby
+    command.downgrade(migrate._alembic_config(empty_db_url), "0004")
     assert function_definitions(empty_db_url) == before
