@@ -24,6 +24,7 @@ import time
 
 import psycopg
 import pytest
+from kazoo.client import KazooClient
 
 from allocator.local import nodes as nodes_mod
 from allocator.local import zookeeper as zk_mod
@@ -35,6 +36,27 @@ pytestmark = pytest.mark.integration
 CLAIMS = 20
 REASON = "chaos test: ensemble wiped"
 REBASE_COMMAND = (sys.executable, "-m", "allocator.cli", "fence", "rebase")
+
+
+OLD_ZXIDS = 400
+"""Transactions the old ensemble makes before the nodes join. A wiped ensemble counts zxids
+from 1 again; its sessions, chroot and znodes use some with every poll and rejoin. The old
+fence must stay ahead of all of them for the test's whole run, else a rejoining node's new
+czxid passes the old fence and it simply (and safely) takes over with generation 0."""
+
+
+def age_the_ensemble(chaos: ChaosCluster) -> None:
+    """``OLD_ZXIDS`` transactions, so the old leader's token is far ahead of a fresh count."""
+    client = KazooClient(hosts=chaos.info().zk_hosts)
+    client.start(timeout=10)
+    try:
+        path = client.create("/allocator-test-age", b"")
+        for i in range(OLD_ZXIDS):  # bounded, loopback only
+            client.set(path, str(i).encode())
+        client.delete(path)
+    finally:
+        client.stop()
+        client.close()
 
 
 def wipe_ensemble(chaos: ChaosCluster) -> None:
@@ -88,8 +110,11 @@ def test_a_wiped_ensemble_is_reported_and_one_rebase_brings_the_cluster_back(mod
     pre-rebase token can neither write nor take the fence; checker clean. Cost: ~20 s.
     """
     env = {"ALLOCATOR_NODE_ON_SESSION_LOSS": mode}
-    with ChaosCluster(zk=3, nodes=2, node_env=env) as chaos:
+    with ChaosCluster(zk=3, nodes=0, node_env=env) as chaos:
+        age_the_ensemble(chaos)
+        chaos.up(nodes=2)
         old = chaos.wait_leader()
+        assert old.epoch & 0xFFFF_FFFF > OLD_ZXIDS
         consumers = Consumers(chaos.info().consumer_database_url).start()
         try:
             wait_for(lambda: consumers.count() >= CLAIMS, "claims before the fault")
