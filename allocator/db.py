@@ -183,6 +183,8 @@ class FenceState:
     epoch: int
     holder: str | None
     generation: int = 0
+    high_water_id: int = -1
+    """The last ID ever cut (read with the fence, in one statement)."""
 
     @property
     def token(self) -> Token:
@@ -564,7 +566,9 @@ class NodeDatabase:
             row = conn.execute(sql.FENCE_AND_HIGH_WATER).fetchone()
         if row is None:
             raise DatabaseError("read the fence: the database returned no row")
-        return FenceState(epoch=int(row[0]), holder=row[1], generation=int(row[3]))
+        return FenceState(
+            epoch=int(row[0]), holder=row[1], generation=int(row[3]), high_water_id=int(row[2])
+        )
 
     def high_water_id(self) -> int:
         """The last ID ever cut (inclusive); -1 before the first cut."""

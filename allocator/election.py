@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import ConnectionLoss, NoNodeError
+from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
 
@@ -41,6 +41,11 @@ from allocator.errors import AllocatorError
 NODE_PREFIX = "n-"
 SEQUENCE_DIGITS = 10
 DEFAULT_CALL_TIMEOUT_S = 1.0
+WATERMARK_ATTEMPTS = 5
+
+
+class WatermarkRaceError(AllocatorError):
+    """Others kept rewriting the watermark while we tried to raise it."""
 
 
 class ElectionNodeLostError(AllocatorError):
@@ -239,6 +244,49 @@ class Election:
         except NoNodeError:
             return 0
         return fence.parse_generation(data)
+
+    def watermark(self) -> fence.Watermark | None:
+        """ZooKeeper's copy of the database's token and mark (None while there is none).
+
+        Raises ``ValueError`` when the znode holds something else than a watermark.
+        """
+        path = fence.watermark_path(self._path)
+        self._bounded(self._client.sync_async(path))
+        try:
+            data, _stat = self._bounded(self._client.get_async(path))
+        except NoNodeError:
+            return None
+        return fence.Watermark.from_bytes(data)
+
+    def raise_watermark(self, mark: fence.Watermark) -> fence.Watermark:
+        """Raise the watermark to at least ``mark`` (never lower it); returns what it holds.
+
+        A read-modify-write on the znode's version: a concurrent writer (a paused ex-leader
+        resuming) makes us read again, and whoever wrote last wrote the larger of each part.
+        A watermark that does not parse is replaced.
+        """
+        path = fence.watermark_path(self._path)
+        for _ in range(WATERMARK_ATTEMPTS):
+            try:
+                data, stat = self._bounded(self._client.get_async(path))
+            except NoNodeError:
+                try:
+                    self._bounded(self._client.create_async(path, mark.to_bytes()))
+                    return mark
+                except NodeExistsError:
+                    continue
+            try:
+                merged = fence.Watermark.from_bytes(data).merge(mark)
+            except ValueError:
+                merged = mark
+            if merged.to_bytes() == data:
+                return merged
+            try:
+                self._bounded(self._client.set_async(path, merged.to_bytes(), version=stat.version))
+                return merged
+            except (BadVersionError, NoNodeError):
+                continue
+        raise WatermarkRaceError(f"could not raise the watermark at {path}: too many races")
 
     def newest_zxid(self) -> int:
         """The election path's pzxid after a sync: no child was created after it."""

@@ -16,15 +16,28 @@ Rules (DESIGN §3, §11):
   pzxid, and zxids never go backwards in a healthy ensemble). That happens only when the
   ensemble was wiped or restored from an older snapshot; no takeover can succeed until an
   operator re-bases the fence. Nodes report it and wait; they do not churn.
+- The *watermark* (:func:`watermark_path`, a sibling of the election path) is ZooKeeper's
+  copy of the newest token and high-water mark the database is known to have committed:
+  each leader raises it right after its takeover and after its cuts (at most once a
+  second), never lowers it (a read-modify-write on the znode's version keeps the larger of
+  each). It lags the database, so in a healthy cluster the database is never below it.
+  The database *went backwards* when its fence or mark is below the watermark (a restore
+  from a backup, a failover to a standby that missed commits): nodes then neither take the
+  fence nor cut, report it and wait for an operator. A watermark that does not parse is
+  reported and ignored: it cannot make a node refuse to lead.
 """
 
 from __future__ import annotations
 
+import json
 import posixpath
+from dataclasses import dataclass
 from typing import NamedTuple
 
 GENERATION_ZNODE = "fence-generation"
 """Name of the znode beside the election path whose data is the fence generation."""
+WATERMARK_ZNODE = "db-watermark"
+"""Name of the znode beside the election path holding the :class:`Watermark`."""
 
 
 class Token(NamedTuple):
@@ -62,3 +75,70 @@ def ahead_of_zookeeper(fence: Token, zk_generation: int, zk_pzxid: int) -> bool:
     if fence.generation != zk_generation:
         return fence.generation > zk_generation
     return fence.epoch > zk_pzxid
+
+
+def watermark_path(election_path: str) -> str:
+    """The znode holding the :class:`Watermark`: a sibling of the election path."""
+    parent = posixpath.dirname(election_path.rstrip("/") or "/")
+    return posixpath.join(parent, WATERMARK_ZNODE)
+
+
+@dataclass(frozen=True)
+class Watermark:
+    """ZooKeeper's copy of what the database is known to hold: the newest token that took
+    the fence and the newest high-water mark a leader cut (see the module rules)."""
+
+    token: Token
+    high_water_id: int
+
+    def merge(self, other: Watermark) -> Watermark:
+        """The larger of each part: the watermark never goes down."""
+        return Watermark(max(self.token, other.token), max(self.high_water_id, other.high_water_id))
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(
+            {
+                "generation": self.token.generation,
+                "epoch": self.token.epoch,
+                "high_water_id": self.high_water_id,
+            },
+            sort_keys=True,
+        ).encode()
+
+    def to_json(self) -> dict[str, int]:
+        return {
+            "generation": self.token.generation,
+            "epoch": self.token.epoch,
+            "high_water_id": self.high_water_id,
+        }
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Watermark:
+        """Parse the znode's data; ``ValueError`` for anything but our JSON object."""
+        try:
+            raw = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"the watermark znode holds {data[:60]!r}, not JSON") from exc
+        if not isinstance(raw, dict):
+            raise ValueError(f"the watermark znode holds {data[:60]!r}, not a JSON object")
+        values = [raw.get(key) for key in ("generation", "epoch", "high_water_id")]
+        if not all(type(v) is int for v in values):
+            raise ValueError(f"the watermark znode holds {data[:60]!r}: integers expected")
+        generation, epoch, high_water_id = (int(v) for v in values)  # type: ignore[arg-type]
+        if generation < 0 or epoch < 0 or high_water_id < -1:
+            raise ValueError(f"the watermark znode holds {data[:60]!r}: out of range")
+        return cls(Token(generation, epoch), high_water_id)
+
+
+def database_behind(db_token: Token, db_high_water_id: int, copy: Watermark | None) -> str | None:
+    """Why the database is below ZooKeeper's watermark, or None when it is not."""
+    if copy is None:
+        return None
+    reasons = []
+    if db_token < copy.token:
+        reasons.append(f"its fence {db_token} is older than the watermark's {copy.token}")
+    if db_high_water_id < copy.high_water_id:
+        reasons.append(
+            f"its high-water mark {db_high_water_id} is below the watermark's {copy.high_water_id}"
+        )
+    return "; ".join(reasons) or None

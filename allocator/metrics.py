@@ -85,6 +85,13 @@ class NodeMetrics:
             "(it does not cut)",
             registry=r,
         )
+        self.database_behind_zookeeper = Gauge(
+            "allocator_database_behind_zookeeper",
+            "1 while the database's fence or high-water mark lies below ZooKeeper's watermark "
+            "(restored from a backup, or failed over to a standby that missed commits): no "
+            "takeover, no cutting until an operator resets the pool",
+            registry=r,
+        )
         self.async_replication = Gauge(
             "allocator_async_replication",
             "1 while the database has standbys that no commit waits for (a failover may lose "

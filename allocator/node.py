@@ -93,6 +93,8 @@ EXIT_CONFIG = 78
 RECHECK_INTERVAL_S = 0.5
 STALE_TAKEOVER_BACKOFF_S = 2.0
 FENCE_AHEAD_BACKOFF_S = 5.0
+WATERMARK_INTERVAL_S = 1.0
+"""ZooKeeper's watermark follows the cuts at most this often (and at every term change)."""
 JOB_STOP_TIMEOUT_S = 10.0
 HANDOVER_CHECK_INTERVAL_S = 1.0
 ZOOKEEPER_ERROR_BACKOFF_S = 1.0
@@ -164,6 +166,12 @@ class Node:
         self._role = "starting"
         self._since = time.time()
         self._fence_ahead: dict[str, Any] | None = None
+        self._database_behind: dict[str, Any] | None = None
+        self._watermark: fence.Watermark | None = None
+        """ZooKeeper's watermark as we last read or raised it."""
+        self._watermark_lock = threading.Lock()
+        self._watermark_pending: int | None = None
+        self._watermark_raised_at = 0.0
         self._handover_withheld: str | None = None
         self._probe_thread: threading.Thread | None = None
 
@@ -221,6 +229,7 @@ class Node:
             "clock_agrees": advert.clock_ok,
             "clock_offset_ms": self._health.offset_ms,
             "fence_ahead_of_zookeeper": self._fence_ahead,
+            "database_behind_zookeeper": self._database_behind,
             "handover_withheld": self._handover_withheld,
             "async_replication": self._health.async_replication,
             "async_replication_allowed": self._config.postgres.allow_async_replication,
@@ -300,7 +309,8 @@ class Node:
                 continue
             try:
                 election.join()
-                if self._fence_ahead is None:  # "blocked" stays until a takeover clears it
+                if self._fence_ahead is None and self._database_behind is None:
+                    # "blocked" stays until a takeover clears it
                     self._role = "follower"
                 if not election.wait_until_first(self._interrupt, recheck_s=RECHECK_INTERVAL_S):
                     continue
@@ -355,6 +365,9 @@ class Node:
         if token is None:
             self._pause(FENCE_AHEAD_BACKOFF_S)
             return None
+        if self._report_database_behind(election):
+            self._pause(FENCE_AHEAD_BACKOFF_S)  # stay first: every node would find the same
+            return None
         try:
             takeover = self._db.take_fence(token, self.name, self._host, self._pid)
         except StaleTakeoverError as exc:
@@ -384,6 +397,8 @@ class Node:
             self._pause(STALE_TAKEOVER_BACKOFF_S)
             return None
         self._clear_fence_ahead()
+        self._watermark_pending = None
+        self._raise_watermark(election, fence.Watermark(token, takeover.high_water_id))
         term = self._term_factory(token, self._guard)
         self._term = term
         self._fenced.clear()
@@ -409,7 +424,13 @@ class Node:
         self._check_clock_at_takeover()
         self._jobs.start(
             term,
-            LeaderHooks(health=self._health, on_fenced=self._on_fenced, on_fatal=self._on_fatal),
+            LeaderHooks(
+                health=self._health,
+                on_fenced=self._on_fenced,
+                on_fatal=self._on_fatal,
+                database_went_back=self._database_went_back,
+                cut_recorded=lambda mark: self._record_cut(election, token, mark),
+            ),
         )
         reason = self._watch_term(term, election)
         term.end(reason)
@@ -425,6 +446,8 @@ class Node:
         self._health.term_ended()
         if not self._jobs.stop(JOB_STOP_TIMEOUT_S):
             log.error("event=job_stop_timeout name=%s token=%s", self.name, token)
+        if reason not in ("fenced", "znode_lost", "db_unreachable"):
+            self._flush_watermark(election, token)
         self._role = "stopping" if reason in ("shutdown", "fatal") else "follower"
         self._term = None
         log.info("event=stepped_down name=%s token=%s reason=%s", self.name, token, reason)
@@ -478,6 +501,7 @@ class Node:
             if not term.may_write():
                 log.info("event=resumed name=%s epoch=%s", self.name, term.epoch)
             term.activate()
+            self._watermark_catch_up(election, term.token)
 
     def _handover_due(self, election: Election) -> str | None:
         """A reason to step down now, if one applies AND a fit contender would take over."""
@@ -554,6 +578,106 @@ class Node:
             log.info("event=fence_ahead_cleared name=%s", self.name)
         self._fence_ahead = None
         self._metrics.fence_ahead_of_zookeeper.set(0)
+
+    # -- ZooKeeper's watermark: a database that went backwards -------------------------------
+
+    def _report_database_behind(self, election: Election) -> bool:
+        """Before a takeover: True (and reported) if the database is below the watermark."""
+        try:
+            copy = election.watermark()
+        except ValueError as exc:
+            log.error("event=watermark_unreadable name=%s error=%s: ignored", self.name, exc)
+            copy = None
+        try:
+            held = self._db.fence()
+        except AllocatorError as exc:
+            log.warning("event=watermark_check_failed name=%s error=%s", self.name, exc)
+            return True  # cannot tell: the takeover would fail on this database anyway
+        self._watermark = copy
+        reason = fence.database_behind(held.token, held.high_water_id, copy)
+        if reason is None:
+            self._clear_database_behind()
+            return False
+        assert copy is not None
+        self._set_database_behind(reason, held.token, held.high_water_id, copy)
+        self._role = "blocked"
+        return True
+
+    def _database_went_back(self, high_water_id: int) -> bool:
+        """The leader's jobs: True (and reported) if the database's mark fell below ours."""
+        copy = self._watermark
+        term = self._term
+        if copy is None or term is None or high_water_id >= copy.high_water_id:
+            if self._database_behind is not None and copy is not None:
+                self._clear_database_behind()
+            return False
+        reason = fence.database_behind(term.token, high_water_id, copy)
+        assert reason is not None
+        self._set_database_behind(reason, term.token, high_water_id, copy)
+        return True
+
+    def _set_database_behind(
+        self, reason: str, token: fence.Token, high_water_id: int, copy: fence.Watermark
+    ) -> None:
+        state = {
+            "reason": reason,
+            "database": {
+                "generation": token.generation,
+                "epoch": token.epoch,
+                "high_water_id": high_water_id,
+            },
+            "watermark": copy.to_json(),
+        }
+        if self._database_behind != state:
+            log.critical(
+                "event=database_behind_zookeeper name=%s %s: the database was restored or "
+                "failed over to a standby that missed commits; no takeover and no cut until "
+                "an operator resets the pool",
+                self.name,
+                reason,
+            )
+        self._database_behind = state
+        self._metrics.database_behind_zookeeper.set(1)
+
+    def _clear_database_behind(self) -> None:
+        if self._database_behind is not None:
+            log.info("event=database_behind_cleared name=%s", self.name)
+        self._database_behind = None
+        self._metrics.database_behind_zookeeper.set(0)
+
+    def _record_cut(self, election: Election, token: fence.Token, high_water_id: int) -> None:
+        """A committed cut (a job thread): raise the watermark at most once a second."""
+        with self._watermark_lock:
+            pending = self._watermark_pending
+            self._watermark_pending = max(high_water_id, pending if pending is not None else -1)
+            if time.monotonic() - self._watermark_raised_at < WATERMARK_INTERVAL_S:
+                return
+            mark, self._watermark_pending = self._watermark_pending, None
+        self._raise_watermark(election, fence.Watermark(token, mark))
+
+    def _watermark_catch_up(self, election: Election, token: fence.Token) -> None:
+        """The leader's loop: a cut the rate limit held back is written once it may be."""
+        with self._watermark_lock:
+            if self._watermark_pending is None:
+                return
+            if time.monotonic() - self._watermark_raised_at < WATERMARK_INTERVAL_S:
+                return
+        self._flush_watermark(election, token)
+
+    def _flush_watermark(self, election: Election, token: fence.Token) -> None:
+        """At the end of a term: the cuts the rate limit held back."""
+        with self._watermark_lock:
+            mark, self._watermark_pending = self._watermark_pending, None
+        if mark is not None:
+            self._raise_watermark(election, fence.Watermark(token, mark))
+
+    def _raise_watermark(self, election: Election, mark: fence.Watermark) -> None:
+        self._watermark_raised_at = time.monotonic()
+        try:
+            self._watermark = election.raise_watermark(mark)
+        except (KazooException, AllocatorError) as exc:
+            # Best effort: a watermark that lags only makes the check less sensitive.
+            log.warning("event=watermark_raise_failed name=%s error=%r", self.name, exc)
 
     # -- the database probe and what we advertise ------------------------------------------
 

@@ -44,6 +44,11 @@ class LeaderHooks:
     """A write was rejected as fenced: the term is over."""
     on_fatal: Callable[[AllocatorError], None]
     """A write was refused for a reason no retry can fix (another layout): stop the node."""
+    database_went_back: Callable[[int], bool] = lambda high_water_id: False
+    """Given the database's high-water mark: True (reported) if it lies below ZooKeeper's
+    watermark, i.e. the database went backwards; the job then writes nothing."""
+    cut_recorded: Callable[[int], None] = lambda high_water_id: None
+    """The mark after a committed cut: the node raises ZooKeeper's watermark (rate-limited)."""
 
 
 class LeaderJobsPort(Protocol):

@@ -23,7 +23,13 @@ Rules:
   refuse, set ``allocator_time_range_exhausted``, log loudly. Another layout in the database
   (AL104): fatal, the node stops (exit 78).
 - Stranded blocks are requeued (fenced) on every run; every committed write is reported to
-  the node's health record.
+  the node's health record, and every committed cut's last ID to the node, which raises
+  ZooKeeper's watermark (:mod:`allocator.fence`).
+- A database below ZooKeeper's watermark (restored, or failed over to a standby that missed
+  commits) gets no write at all, not even a requeue: blocks claimed after its restore point
+  read as unclaimed there, and a requeue would hand them out again.
+- How the database replicates is checked on every run: standbys that no commit waits for
+  mean no cutting, unless ``postgres.allow_async_replication`` (docs/postgres-ha.md).
 """
 
 from __future__ import annotations
@@ -92,6 +98,13 @@ def _refill(ctx: LeaderContext) -> int:
     ctx.metrics.pool_available_blocks.set(status.available_blocks)
     if status.runway_s is not None:
         ctx.metrics.pool_runway_seconds.set(status.runway_s)
+    if ctx.hooks.database_went_back(status.high_water_id):
+        # Restored or failed over to a standby that missed commits: blocks claimed since
+        # read as unclaimed, so a requeue would hand them out again; nothing is written. The
+        # database answered, so this is not a reason to hand over (every node sees the same).
+        ctx.hooks.health.write_succeeded()
+        ctx.metrics.refill_seconds.observe(time.monotonic() - started)
+        return 0
     db.requeue_stranded(term.token, commit_if=term.may_write)
     ctx.hooks.health.write_succeeded()
     ahead_ms = max(0, status.mark_ahead_ms or 0)
@@ -201,6 +214,7 @@ def _write(ctx: LeaderContext, batch: list[tuple[int, int]]) -> tuple[int, int]:
     """Cut one batch; (blocks written, the new mark's lead over the database clock)."""
     result = ctx.db.cut_blocks(ctx.term.token, batch, commit_if=ctx.term.may_write)
     ctx.hooks.health.write_succeeded()
+    ctx.hooks.cut_recorded(batch[-1][1])  # committed: ZooKeeper's watermark may follow
     ctx.metrics.blocks_cut.inc(len(batch))
     ctx.metrics.ids_cut.inc(sum(last - first + 1 for first, last in batch))
     return len(batch), result.lead_ms

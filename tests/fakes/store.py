@@ -113,7 +113,7 @@ class FakeDatabase:
 
     def fence(self) -> FenceState:
         with self._lock:
-            return self._fence
+            return dataclasses.replace(self._fence, high_water_id=self.high_water_id)
 
     def history(self) -> list[db.Term]:
         """Every term, oldest first."""

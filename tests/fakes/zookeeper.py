@@ -174,8 +174,10 @@ class FakeEnsemble:
     def set_generation(self, election_path: str, generation: int) -> None:
         """Write the fence generation beside ``election_path``, as ``allocator fence rebase``
         does (a persistent znode holding a decimal number; parents created as needed)."""
-        path = fence.generation_path(election_path)
-        data = str(generation).encode()
+        self.set_data(fence.generation_path(election_path), str(generation).encode())
+
+    def set_data(self, path: str, data: bytes) -> None:
+        """Write a persistent znode as another client would (parents created as needed)."""
         firings: list[_Firing] = []
         with self._lock:
             self._ensure_locked(posixpath.dirname(path), firings)

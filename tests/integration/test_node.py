@@ -16,9 +16,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from kazoo.client import KazooClient
+from kazoo.exceptions import NoNodeError
 
 from allocator.commands.run import build_node
 from allocator.config import Config, load_config
+from allocator.fence import Watermark, watermark_path
 from allocator.node import EXIT_CONFIG, EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node
 from jobs.context import wall_clock_ms
 from tests.fixtures import zk
@@ -256,6 +259,74 @@ def test_a_database_without_standbys_is_not_asynchronous(
     wait_for(lambda: available(db_url) >= 40, "the pool to fill")
     assert node.node.metrics.registry.get_sample_value("allocator_async_replication") == 0
     assert node.node.snapshot()["async_replication"] is False
+
+
+def read_watermark(zk_hosts: str) -> Watermark | None:
+    client = KazooClient(hosts=zk_hosts)
+    client.start(timeout=10)
+    try:
+        data, _stat = client.get(watermark_path("/election"))
+    except NoNodeError:
+        return None
+    finally:
+        client.stop()
+        client.close()
+    return Watermark.from_bytes(data)
+
+
+def move_mark(db_url: str, by: int) -> None:
+    """What a restore does to the mark (the rest of the database is left alone here)."""
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE allocator.high_water SET last_id = last_id + %s", (by,))
+
+
+def test_a_database_that_went_backwards_gets_no_write_and_no_takeover(
+    make_node: Callable[..., RunningNode], db_url: str, zk_hosts: str
+) -> None:
+    """Issue 9 item 4, the database's side simulated by moving its mark back: ZooKeeper's
+    watermark follows the leader's cuts; a leader whose database falls below it writes
+    nothing (no requeue, no cut), a new leader does not take the fence, both say why; once
+    the mark is past the watermark again (an operator's reset), all goes on."""
+    a = make_node("a")
+    wait_for(lambda: available(db_url) >= 40, "the pool to fill")
+    cut_mark = ledger(db_url)[-1][2]
+    wait_for(
+        lambda: (w := read_watermark(zk_hosts)) is not None and w.high_water_id >= cut_mark,
+        "the watermark to follow the cuts",
+    )
+    assert read_watermark(zk_hosts).token == (0, fence(db_url)[0])  # type: ignore[union-attr]
+
+    move_mark(db_url, -10_000_000)
+    metrics = a.node.metrics.registry
+    wait_for(
+        lambda: metrics.get_sample_value("allocator_database_behind_zookeeper") == 1,
+        "the leader to notice",
+    )
+    refill_runs = "allocator_refill_duration_seconds_count"
+    runs = metrics.get_sample_value(refill_runs) or 0
+    blocks = len(ledger(db_url))
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        claim(conn, "app", 40)  # below the low watermark: a refill would cut now
+    wait_for(
+        lambda: (
+            (metrics.get_sample_value("allocator_refill_duration_seconds_count") or 0) >= runs + 3
+        ),
+        "three more refill runs",
+    )
+    assert len(ledger(db_url)) == blocks  # nothing cut
+    behind = a.node.snapshot()["database_behind_zookeeper"]
+    assert "high-water mark" in behind["reason"]
+    assert a.stop() == EXIT_OK
+
+    b = make_node("b")
+    wait_for(lambda: b.node.snapshot()["role"] == "blocked", "b to refuse the takeover")
+    assert fence(db_url)[1] == "a"
+    assert b.node.metrics.registry.get_sample_value("allocator_database_behind_zookeeper") == 1
+
+    move_mark(db_url, 10_000_000)  # what `allocator pool reset --after-restore` will do
+    wait_for(lambda: fence(db_url)[1] == "b", "b to take over")
+    wait_for(lambda: available(db_url) >= 40, "b to cut")
+    assert b.node.snapshot()["database_behind_zookeeper"] is None
 
 
 def test_step_down_hands_over_at_once_and_rejoins_at_the_back(

@@ -27,6 +27,7 @@ from typing import Literal, TypeVar
 import pytest
 from kazoo.exceptions import NoNodeError
 
+from allocator import fence
 from allocator import node as node_module
 from allocator.config import Config, load_config
 from allocator.election import Identity, ordered, sequence_of
@@ -408,6 +409,46 @@ def test_a_fence_ahead_of_a_wiped_ensemble_is_reported_without_churn_until_rebas
     assert a.metric("allocator_fence_ahead_of_zookeeper") == 0
     history = cluster.database.history()
     assert [(t.generation, t.end_reason) for t in history] == [(0, "rebased"), (1, None)]
+
+
+def test_a_database_below_zookeepers_watermark_is_reported_and_not_taken_over(
+    cluster: Cluster,
+) -> None:
+    a = cluster.node("a")
+    first = wait_for("a leads", a.leading)
+    watermark_path = fence.watermark_path(ELECTION)
+    # Raised at the takeover: the token, and the mark the database had then.
+    assert fence.Watermark.from_bytes(cluster.ensemble.data(watermark_path)) == fence.Watermark(
+        first.token, cluster.database.high_water_id
+    )
+    # The database is restored to before a cut ZooKeeper saw committed.
+    cluster.ensemble.set_data(watermark_path, fence.Watermark(first.token, 5000).to_bytes())
+    b = cluster.node("b")
+    wait_for("b queues", lambda: b.node.snapshot()["role"] == "follower")
+    assert a.node.request_step_down()
+    blocked = wait_for(
+        "b reports the database behind",
+        lambda: (
+            (s := b.node.snapshot())["role"] == "blocked" and s["database_behind_zookeeper"] and s
+        ),
+    )
+    assert blocked["database_behind_zookeeper"]["watermark"]["high_water_id"] == 5000
+    assert (
+        "high-water mark -1 is below the watermark's 5000"
+        in (blocked["database_behind_zookeeper"]["reason"])
+    )
+    assert b.metric("allocator_database_behind_zookeeper") == 1
+    assert b.leading() is None
+    assert [t.holder for t in cluster.database.history()] == ["a"]  # no takeover tried
+
+    cluster.database.high_water_id = 5001  # the operator's reset moves the mark past it
+    second = wait_for("b leads", b.leading)
+    assert second.token > first.token
+    assert b.node.snapshot()["database_behind_zookeeper"] is None
+    assert b.metric("allocator_database_behind_zookeeper") == 0
+    assert fence.Watermark.from_bytes(cluster.ensemble.data(watermark_path)) == fence.Watermark(
+        second.token, 5001
+    )
 
 
 # -- session loss ----------------------------------------------------------------------------
