@@ -243,6 +243,18 @@ class Replication:
 
 
 @dataclass(frozen=True, slots=True)
+class Reset:
+    """What ``allocator.reset_after_restore`` did."""
+
+    voided_blocks: int
+    old_high_water_id: int
+    new_high_water_id: int
+    old_generation: int
+    old_epoch: int
+    new_generation: int
+
+
+@dataclass(frozen=True, slots=True)
 class Rebase:
     """What ``allocator.rebase_fence`` did."""
 
@@ -624,42 +636,69 @@ def connection_kwargs(config: PostgresConfig) -> dict[str, Any]:
     }
 
 
-def rebase_fence(
-    url: str, reason: str, *, connect_timeout_s: float = STATUS_CONNECT_TIMEOUT_S
-) -> Rebase:
-    """Run ``allocator.rebase_fence`` as whoever ``url`` logs in as (the operator role)."""
-    what = "re-base the fence"
+def _one_row(
+    url: str, what: str, query: str, params: Mapping[str, Any], kind: type[_T], timeout_s: float
+) -> _T:
+    """One statement on a connection of its own (operator and diagnostic commands)."""
     with _translated(what):
         conn = psycopg.connect(
             url,
             autocommit=True,
-            connect_timeout=max(2, math.ceil(connect_timeout_s)),
+            connect_timeout=max(2, math.ceil(timeout_s)),
             application_name=STATUS_APPLICATION_NAME,
         )
-        with conn, conn.cursor(row_factory=class_row(Rebase)) as cursor:
-            row = cursor.execute(sql.REBASE_FENCE, {"reason": reason}).fetchone()
+        with conn, conn.cursor(row_factory=class_row(kind)) as cursor:
+            row = cursor.execute(query, params).fetchone()
     if row is None:
         raise DatabaseError(f"{what}: the database returned no row")
     return row
+
+
+def rebase_fence(
+    url: str, reason: str, *, connect_timeout_s: float = STATUS_CONNECT_TIMEOUT_S
+) -> Rebase:
+    """Run ``allocator.rebase_fence`` as whoever ``url`` logs in as (the operator role)."""
+    return _one_row(
+        url, "re-base the fence", sql.REBASE_FENCE, {"reason": reason}, Rebase, connect_timeout_s
+    )
+
+
+def reset_after_restore(
+    url: str,
+    reason: str,
+    min_high_water_id: int,
+    max_ahead_ms: int,
+    *,
+    connect_timeout_s: float = STATUS_CONNECT_TIMEOUT_S,
+) -> Reset:
+    """Run ``allocator.reset_after_restore`` as whoever ``url`` logs in as (operator role)."""
+    params = {
+        "reason": reason,
+        "min_high_water_id": min_high_water_id,
+        "max_ahead_ms": max_ahead_ms,
+    }
+    return _one_row(
+        url,
+        "reset the pool after a restore",
+        sql.RESET_AFTER_RESTORE,
+        params,
+        Reset,
+        connect_timeout_s,
+    )
 
 
 def read_replication(
     url: str, *, connect_timeout_s: float = STATUS_CONNECT_TIMEOUT_S
 ) -> Replication:
     """How the database at ``url`` replicates, as whoever ``url`` logs in as (node/operator)."""
-    what = "read the replication status"
-    with _translated(what):
-        conn = psycopg.connect(
-            url,
-            autocommit=True,
-            connect_timeout=max(2, math.ceil(connect_timeout_s)),
-            application_name=STATUS_APPLICATION_NAME,
-        )
-        with conn:
-            row = conn.execute(sql.REPLICATION_STATUS).fetchone()
-    if row is None:
-        raise DatabaseError(f"{what}: the database returned no row")
-    return _replication(row)
+    return _one_row(
+        url,
+        "read the replication status",
+        sql.REPLICATION_STATUS,
+        {},
+        Replication,
+        connect_timeout_s,
+    )
 
 
 def _replication(row: tuple[Any, ...]) -> Replication:

@@ -95,6 +95,15 @@ END_TERM: Final = (
 """Ends the caller's term in the leader history; false when that term was already ended or
 never started (not fenced: it only annotates history)."""
 
+RESET_AFTER_RESTORE: Final = (
+    "SELECT voided_blocks, old_high_water_id, new_high_water_id, old_generation, old_epoch,"
+    " new_generation FROM allocator.reset_after_restore(%(reason)s, %(min_high_water_id)s,"
+    " %(max_ahead_ms)s)"
+)
+"""Operator (migration 0006): voids the unclaimed blocks, moves the mark, advances the
+fence generation, audited in ``pool_resets``; the caller then writes the generation into
+ZooKeeper."""
+
 REBASE_FENCE: Final = (
     "SELECT old_generation, old_epoch, new_generation FROM allocator.rebase_fence(%(reason)s)"
 )

@@ -16,6 +16,7 @@ from allocator.commands import (  # bench_claims / bench_slow_consumer register 
     fence_cmd,
     local,
     migrate_cmd,
+    pool_cmd,
     run,
     status,
 )
@@ -30,6 +31,7 @@ COMMANDS: list[click.Command] = [
     fence_cmd.fence_group,
     local.local,
     migrate_cmd.migrate_command,
+    pool_cmd.pool_group,
     run.run,
     status.status,
     status.step_down,

@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import posixpath
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -338,28 +339,51 @@ def fence_group() -> None:
     """The fencing token: re-base it after a ZooKeeper rebuild, or show it."""
 
 
+def audited_options(record: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--reason``, ``--yes``, ``--json``, ``--database-url`` and the config options of an
+    audited operator command whose why lands in ``record``; neither ``--reason`` nor
+    ``--yes`` comes from the environment (see the module rules)."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(
+            [
+                click.option(
+                    "--reason",
+                    required=True,
+                    allow_from_autoenv=False,
+                    help=f"Why (1..1000 characters); recorded with who and when in {record}.",
+                ),
+                click.option(
+                    "--yes",
+                    is_flag=True,
+                    allow_from_autoenv=False,
+                    help="Confirm without a prompt (needed when stdin is not a terminal).",
+                ),
+                click.option(
+                    "--json",
+                    "as_json",
+                    is_flag=True,
+                    show_envvar=True,
+                    help="Print one JSON object.",
+                ),
+                click.option(
+                    "--database-url",
+                    default=None,
+                    show_envvar=True,
+                    help="PostgreSQL URL of a login role granted allocator_operator. "
+                    "[default: config postgres.url]",
+                ),
+                config_mod.config_options,
+            ]
+        ):
+            command = option(command)
+        return command
+
+    return decorate
+
+
 @fence_group.command("rebase")
-@click.option(
-    "--reason",
-    required=True,
-    allow_from_autoenv=False,
-    help="Why (1..1000 characters); recorded with who and when in allocator.fence_history.",
-)
-@click.option(
-    "--yes",
-    is_flag=True,
-    allow_from_autoenv=False,
-    help="Confirm without a prompt (needed when stdin is not a terminal).",
-)
-@click.option("--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object.")
-@click.option(
-    "--database-url",
-    default=None,
-    show_envvar=True,
-    help="PostgreSQL URL of a login role granted allocator_operator. "
-    "[default: config postgres.url]",
-)
-@config_mod.config_options
+@audited_options("allocator.fence_history")
 def rebase_command(
     reason: str,
     yes: bool,

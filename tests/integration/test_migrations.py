@@ -13,7 +13,8 @@ pytestmark = pytest.mark.integration
 
 TABLES_0002 = {"fence", "high_water", "blocks", "leader_terms", "pool_samples"}
 TABLES_0003 = TABLES_0002 | {"cluster_layout", "fence_rebases", "fenced_writes"}
-TABLES = TABLES_0003 | {"held_tickets"}
+TABLES_0004 = TABLES_0003 | {"held_tickets"}
+TABLES = TABLES_0004 | {"pool_resets"}
 VIEWS_0002 = {"block_ledger", "pool_status", "leader_history"}
 VIEWS = VIEWS_0002 | {"fence_history", "layout"}
 FUNCTIONS_0002 = {
@@ -29,7 +30,7 @@ FUNCTIONS_0002 = {
     "blocks_disjoint",
 }
 FUNCTIONS_0003 = FUNCTIONS_0002 | {"db_now_ms", "id_time_ms", "check_layout", "rebase_fence"}
-FUNCTIONS = FUNCTIONS_0003 | {"replication_status"}
+FUNCTIONS = FUNCTIONS_0003 | {"replication_status", "reset_after_restore"}
 ROLES = {"allocator_consumer", "allocator_node", "allocator_operator"}
 
 
@@ -226,7 +227,7 @@ def test_downgrade_from_0004_restores_the_0003_functions_exactly(empty_db_url: s
 def test_0005_adds_only_replication_status_for_nodes_and_operators(empty_db_url: str) -> None:
     command.upgrade(migrate._alembic_config(empty_db_url), "0004")
     before = function_definitions(empty_db_url)
-    migrate.upgrade_to_head(empty_db_url)
+    command.upgrade(migrate._alembic_config(empty_db_url), "0005")
     after = function_definitions(empty_db_url)
     assert {n for n, d in after.items() if before.get(n) != d} == {"allocator.replication_status()"}
     with psycopg.connect(empty_db_url) as conn:
@@ -245,3 +246,32 @@ def test_0005_adds_only_replication_status_for_nodes_and_operators(empty_db_url:
     assert row == (0, 0, "", "on", False)  # the test server has no standby
     command.downgrade(migrate._alembic_config(empty_db_url), "0004")
     assert function_definitions(empty_db_url) == before
+
+
+def test_0006_adds_the_reset_for_operators_only_and_downgrades_cleanly(empty_db_url: str) -> None:
+    command.upgrade(migrate._alembic_config(empty_db_url), "0005")
+    before = function_definitions(empty_db_url)
+    migrate.upgrade_to_head(empty_db_url)
+    after = function_definitions(empty_db_url)
+    assert {n for n, d in after.items() if before.get(n) != d} == {
+        "allocator.reset_after_restore(text,bigint,bigint)"
+    }
+    function = "allocator.reset_after_restore(text, bigint, bigint)"
+    with psycopg.connect(empty_db_url) as conn:
+        for role, expected in [
+            ("allocator_operator", True),
+            ("allocator_node", False),
+            ("allocator_consumer", False),
+            ("public", False),
+        ]:
+            (has,) = conn.execute(  # type: ignore[misc]
+                "SELECT has_function_privilege(%s, %s, 'EXECUTE')", (role, function)
+            ).fetchone()
+            assert has is expected, role
+            (reads,) = conn.execute(  # type: ignore[misc]
+                "SELECT has_table_privilege(%s, 'allocator.pool_resets', 'SELECT')", (role,)
+            ).fetchone()
+            assert reads is (role == "allocator_operator"), role
+    command.downgrade(migrate._alembic_config(empty_db_url), "0005")
+    assert function_definitions(empty_db_url) == before
+    assert schema_objects(empty_db_url)["tables"] == TABLES_0004

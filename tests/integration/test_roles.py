@@ -59,6 +59,8 @@ def denied(conn: psycopg.Connection, statement: str) -> bool:
 
 REBASE = "SELECT * FROM allocator.rebase_fence('ensemble rebuilt')"
 """The operator's audited command: nobody else may run it."""
+RESET = "SELECT * FROM allocator.reset_after_restore('restored from backup', -1, 1000)"
+"""The operator's restore procedure (migration 0006): nobody else may run it either."""
 
 WRITES = [
     f"SELECT * FROM allocator.take_fence(0, 999, 'x', 'h', 1, '{LAYOUT_JSON}')",
@@ -83,6 +85,7 @@ def test_consumer_can_only_claim_and_read_pool_status(login_as: object) -> None:
     for statement in [
         *WRITES,
         REBASE,
+        RESET,
         "SELECT * FROM allocator.blocks",
         "SELECT * FROM allocator.block_ledger",
         "SELECT * FROM allocator.leader_history",
@@ -102,7 +105,12 @@ def test_node_writes_only_through_the_fenced_functions(login_as: object) -> None
     node.execute("SELECT allocator.requeue_stranded(0, 60)")
     node.execute("SELECT allocator.record_pool_sample()")
     node.execute("SELECT * FROM allocator.block_ledger LIMIT 1")
-    for statement in [*WRITES[3:], REBASE, "SELECT * FROM allocator.claim_blocks('node', 1)"]:
+    for statement in [
+        *WRITES[3:],
+        REBASE,
+        RESET,
+        "SELECT * FROM allocator.claim_blocks('node', 1)",
+    ]:
         assert denied(node, statement), statement
 
 
@@ -137,3 +145,48 @@ def test_only_the_operator_rebases_the_fence_and_every_rebase_is_recorded(
     with pytest.raises(psycopg.Error) as caught:
         operator.execute("SELECT * FROM allocator.rebase_fence('  ')")
     assert caught.value.sqlstate == "AL106"
+
+
+@pytest.mark.usefixtures("stocked")
+def test_only_the_operator_resets_the_pool_after_a_restore_and_it_is_recorded(
+    login_as: object, db_url: str
+) -> None:
+    consumer = login_as("allocator_consumer")  # type: ignore[operator]
+    consumer.execute("SELECT * FROM allocator.claim_blocks('app', 3)").fetchall()
+    operator = login_as("allocator_operator")  # type: ignore[operator]
+    with pytest.raises(psycopg.Error) as caught:
+        operator.execute("SELECT * FROM allocator.reset_after_restore(' ', -1, 1000)")
+    assert caught.value.sqlstate == "AL106"
+    with pytest.raises(psycopg.Error) as caught:
+        operator.execute("SELECT * FROM allocator.reset_after_restore('x', -1, 0)")
+    assert caught.value.sqlstate == "AL106"
+    floor = 10**15
+    (voided, old_mark, new_mark, old_gen, old_epoch, new_gen) = operator.execute(
+        "SELECT * FROM allocator.reset_after_restore('restored from backup', %s, 1000)",
+        (floor,),
+    ).fetchone()
+    assert (voided, old_mark, old_gen, old_epoch, new_gen) == (7, 1999, 0, 50, 1)
+    (db_now_ms, mark_time_ms) = operator.execute(
+        "SELECT allocator.db_now_ms(), allocator.id_time_ms(%s)", (new_mark,)
+    ).fetchone()
+    assert new_mark > floor  # past the watermark, and past the clock plus the lead:
+    assert mark_time_ms >= db_now_ms + 1000 - 50
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        ledger = admin.execute(
+            "SELECT claimed_by, count(*) FROM allocator.block_ledger GROUP BY 1 ORDER BY 1"
+        ).fetchall()
+        assert ledger == [("allocator:voided-by-reset", 7), ("app", 3)]
+        assert admin.execute("SELECT generation, epoch FROM allocator.fence").fetchone() == (1, 0)
+        assert admin.execute(
+            "SELECT end_reason FROM allocator.leader_history WHERE epoch = 50"
+        ).fetchone() == ("reset",)
+        with pytest.raises(psycopg.Error) as caught:  # the token from before the restore
+            admin.execute("SELECT allocator.requeue_stranded(0, 50)")
+        assert caught.value.sqlstate == "AL100"
+    (row,) = operator.execute(
+        "SELECT reason, voided_blocks, old_high_water_id, new_high_water_id, new_generation"
+        " FROM allocator.pool_resets"
+    ).fetchall()
+    assert row == ("restored from backup", 7, 1999, new_mark, 1)
+    (reason,) = operator.execute("SELECT reason FROM allocator.fence_history").fetchone()
+    assert reason == "pool reset after restore: restored from backup"
