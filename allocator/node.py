@@ -397,8 +397,6 @@ class Node:
             self._pause(STALE_TAKEOVER_BACKOFF_S)
             return None
         self._clear_fence_ahead()
-        self._watermark_pending = None
-        self._raise_watermark(election, fence.Watermark(token, takeover.high_water_id))
         term = self._term_factory(token, self._guard)
         self._term = term
         self._fenced.clear()
@@ -422,6 +420,8 @@ class Node:
         )
         log.info("event=fence_taken name=%s token=%s", self.name, token)
         self._check_clock_at_takeover()
+        self._watermark_pending = None
+        self._raise_watermark(election, fence.Watermark(token, takeover.high_water_id))
         self._jobs.start(
             term,
             LeaderHooks(

@@ -386,12 +386,14 @@ def test_admin_http_serves_metrics_health_status_and_guards_step_down(
     leader = make_node("a", **{"node.admin_token": "s3cret"})
     wait_for(lambda: fence(db_url)[1] == "a", "a to lead")
     base = wait_for(lambda: leader.node.snapshot()["admin_url"], "the admin server")
-    status, body = _http(f"{base}/metrics")
-    assert status == 200
-    assert b"allocator_is_leader 1.0" in body
+    # The fence row is the database's; the node says it leads a moment later (its term
+    # begins after take_fence returns).
+    wait_for(lambda: b"allocator_is_leader 1.0" in _http(f"{base}/metrics")[1], "a to say it leads")
+    assert _http(f"{base}/metrics")[0] == 200
     assert _http(f"{base}/healthz")[0] == 200
     assert _http(f"{base}/readyz")[0] == 200
     status, body = _http(f"{base}/status")
+    assert status == 200
     assert json.loads(body)["role"] == "leader"
     assert _http(f"{base}/step-down", "POST")[0] == 401
     assert _http(f"{base}/step-down", "POST", token="wrong")[0] == 401
