@@ -88,9 +88,12 @@ def build_node(
     expose_session_password: bool = False,
     store: Any = None,
     term_factory: Any = None,
+    jobs_factory: Any = None,
 ) -> Node:
-    """A node wired with the real collaborators; ``store`` / ``term_factory`` replace the
-    database access and the term (tests build broken variants this way, in ``tests/``)."""
+    """A node wired with the real collaborators; ``store`` / ``term_factory`` /
+    ``jobs_factory`` (called like :class:`jobs.leader.LeaderJobs`) replace the database
+    access, the term and the leader's jobs (tests build broken variants this way, in
+    ``tests/``)."""
     from allocator.db import NodeDatabase
     from allocator.leadership import Term
     from allocator.metrics import NodeMetrics
@@ -111,7 +114,7 @@ def build_node(
         store=database,
         zookeeper=zookeeper_factory(config),
         zookeeper_root=zookeeper_factory(config, root=True),
-        jobs=LeaderJobs(database, config, metrics, clock),
+        jobs=(jobs_factory or LeaderJobs)(database, config, metrics, clock),
         metrics=metrics,
         now_ms=clock,
         term_factory=term_factory or Term,

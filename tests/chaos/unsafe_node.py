@@ -6,6 +6,10 @@ Run as ``python -m tests.chaos.unsafe_node`` with the same ``ALLOCATOR_*`` envir
 node's seams, never through a switch in the product (DESIGN §11):
 
 - :class:`UnsafeTerm`: ``may_write`` ignores the session and the end of its term;
+- :class:`UnsafeLeaderJobs`: when the term ends, one more refill runs before the jobs stop,
+  as a paused leader that resumes writes before it notices its session is gone (without
+  it the resumed node's scheduled refill races the session-loss exit, and the proof
+  sometimes found nothing to catch);
 - :class:`UnsafeNodeDatabase`: blocks are written by a plain INSERT (superuser URL needed),
   bypassing ``cut_blocks``' fence, mark, layout and clock checks; fenced maintenance
   writes that fail are ignored. With ``--ignore-clock`` it also reports that the node's
@@ -25,6 +29,8 @@ from allocator.db import ClockReading, CommitCheck, CutResult, NodeDatabase
 from allocator.errors import DatabaseError, FencedError
 from allocator.fence import Token
 from allocator.leadership import Term
+from jobs import refill
+from jobs.leader import LeaderJobs
 
 log = logging.getLogger("tests.chaos.unsafe_node")
 
@@ -48,6 +54,17 @@ class UnsafeTerm(Term):
 
     def may_write(self) -> bool:
         return True
+
+
+class UnsafeLeaderJobs(LeaderJobs):
+    """Writes once more after the term ended (an :class:`UnsafeTerm` always may)."""
+
+    def stop(self, timeout_s: float) -> bool:
+        ctx = self._ctx
+        if ctx is not None:
+            log.warning("event=unsafe_last_refill epoch=%s (TEST NODE)", ctx.term.epoch)
+            refill.run(ctx)
+        return super().stop(timeout_s)
 
 
 class UnsafeNodeDatabase(NodeDatabase):
@@ -124,7 +141,7 @@ def main() -> None:
         max_clock_ahead_ms=config.pool.max_clock_ahead_ms,
     )
     store.ignore_clock = "--ignore-clock" in sys.argv[1:]
-    serve(build_node(config, store=store, term_factory=UnsafeTerm))
+    serve(build_node(config, store=store, term_factory=UnsafeTerm, jobs_factory=UnsafeLeaderJobs))
 
 
 if __name__ == "__main__":
