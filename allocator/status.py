@@ -100,6 +100,9 @@ class ZooKeeperFence:
     generation_znode: str
     """The generation znode's full path, chroot included (for people, not for calls)."""
     problem: str | None = None
+    watermark: fence.Watermark | None = None
+    """ZooKeeper's copy of the database's token and mark (None: absent or unreadable)."""
+    watermark_problem: str | None = None
 
 
 @dataclass(frozen=True)
@@ -112,6 +115,8 @@ class FenceReport:
     zookeeper: ZooKeeperFence
     rebases: list[RebaseRecord] | None = None
     """The latest re-bases, newest first; None when not read (or not readable by the role)."""
+    high_water_id: int = -1
+    """The database's high-water mark, read with the fence."""
 
     @property
     def token(self) -> fence.Token:
@@ -125,6 +130,11 @@ class FenceReport:
             return None
         return fence.ahead_of_zookeeper(self.token, zk.generation, zk.newest_zxid)
 
+    @property
+    def database_behind(self) -> str | None:
+        """Why the database is below ZooKeeper's watermark (restored), or None."""
+        return fence.database_behind(self.token, self.high_water_id, self.zookeeper.watermark)
+
     def to_json(self) -> dict[str, Any]:
         return {
             "generation": self.generation,
@@ -136,6 +146,10 @@ class FenceReport:
             "ahead_of_zookeeper": self.ahead_of_zookeeper,
             "problem": self.zookeeper.problem,
             "rebases": None if self.rebases is None else [r.to_json() for r in self.rebases],
+            "high_water_id": self.high_water_id,
+            "watermark": self.zookeeper.watermark.to_json() if self.zookeeper.watermark else None,
+            "watermark_problem": self.zookeeper.watermark_problem,
+            "database_behind_zookeeper": self.database_behind,
         }
 
 
@@ -304,7 +318,15 @@ def read_zookeeper_fence(
         problem = None
     except ValueError as exc:
         generation, problem = None, str(exc)
-    return ZooKeeperFence(generation, newest, chroot + path, problem)
+    watermark, watermark_problem = None, None
+    try:
+        raw, _stat = wait(client.get_async(fence.watermark_path(election_path)), config)
+        watermark = fence.Watermark.from_bytes(raw)
+    except NoNodeError:
+        pass
+    except ValueError as exc:
+        watermark_problem = str(exc)
+    return ZooKeeperFence(generation, newest, chroot + path, problem, watermark, watermark_problem)
 
 
 def read_zookeeper(config: Config) -> tuple[list[Contender], ZooKeeperFence]:
@@ -372,7 +394,9 @@ def gather(
     pool, terms = read_status(url, history_limit=history_limit, connect_timeout_s=timeout_s)
     rebases = read_rebases(url, rebase_limit, connect_timeout_s=timeout_s) if rebase_limit else None
     contenders, zk_fence = read_zookeeper(config)  # after the database: see the module rules
-    report = FenceReport(pool.generation, pool.epoch, pool.holder, zk_fence, rebases)
+    report = FenceReport(
+        pool.generation, pool.epoch, pool.holder, zk_fence, rebases, pool.high_water_id
+    )
     return ClusterStatus(contenders, pool, terms, report)
 
 

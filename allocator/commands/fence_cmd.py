@@ -137,7 +137,9 @@ def read_plan(client: KazooClient, config: Config, url: str) -> Plan:
     election_path = chroot + config.zookeeper.election_path
     with status.zookeeper_errors(config, "read the fence generation"):
         zk_fence = status.read_zookeeper_fence(client, election_path, config)
-    report = status.FenceReport(pool.generation, pool.epoch, pool.holder, zk_fence)
+    report = status.FenceReport(
+        pool.generation, pool.epoch, pool.holder, zk_fence, high_water_id=pool.high_water_id
+    )
     return Plan(report, servers, chroot, election_path, config_mod.mask_url(url))
 
 

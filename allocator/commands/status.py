@@ -79,7 +79,8 @@ def _contender(contender: dict[str, Any]) -> str:
 
 def fence_lines(report: dict[str, Any]) -> list[str]:
     """The text view of a ``fence`` object (``status``, ``fence status``); the loud line
-    first when the fence is ahead of ZooKeeper or ZooKeeper's generation is unreadable."""
+    first when the fence is ahead of ZooKeeper, the database is behind its watermark, or
+    ZooKeeper's generation is unreadable."""
     holder = report["holder"] or "nobody"
     zk_generation = report["zookeeper_generation"]
     lines = [
@@ -90,6 +91,8 @@ def fence_lines(report: dict[str, Any]) -> list[str]:
     ]
     if report["ahead_of_zookeeper"]:
         lines.insert(0, ahead_line(report))
+    if report["database_behind_zookeeper"]:
+        lines.insert(0, behind_line(report))
     if report["problem"]:
         lines.insert(0, unreadable_line(report))
     return lines
@@ -99,6 +102,15 @@ def unreadable_line(report: dict[str, Any]) -> str:
     return (
         f"!! FENCE GENERATION UNREADABLE: {report['problem']}; no new leader can take the "
         "fence. Run `allocator fence rebase --reason TEXT` to rewrite it."
+    )
+
+
+def behind_line(report: dict[str, Any]) -> str:
+    return (
+        f"!! DATABASE BEHIND ZOOKEEPER: {report['database_behind_zookeeper']}; the database "
+        "was restored or failed over to a standby that missed commits. No node takes the "
+        "fence or cuts; stop consumers and follow the restore procedure "
+        "(`allocator pool reset --after-restore`, docs/postgres-ha.md)."
     )
 
 

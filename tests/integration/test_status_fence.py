@@ -86,8 +86,35 @@ def test_status_shows_the_token_fence_and_adverts(
         "ahead_of_zookeeper": False,
         "problem": None,
         "rebases": [],
+        "high_water_id": -1,
+        "watermark": None,
+        "watermark_problem": None,
+        "database_behind_zookeeper": None,
     }
     assert data["fence"]["zookeeper_newest_zxid"] >= czxid
+
+
+def test_a_database_below_the_watermark_is_behind_and_says_why(
+    config: Config, zk: KazooClient, db_url: str
+) -> None:
+    czxid = contend(zk, identity("node-1", db_ok=True, clock_ok=True), "a")
+    with psycopg.connect(db_url, autocommit=True) as admin:
+        take_fence(admin, czxid, holder="node-1")
+    mark = fence.Watermark(fence.Token(0, czxid), 10**12)  # cuts the database lacks
+    zk.create(fence.watermark_path(ELECTION), mark.to_bytes())
+
+    report = gather(config).to_json()["fence"]
+
+    assert report["watermark"] == mark.to_json()
+    assert (
+        "high-water mark -1 is below the watermark's 1000000000000"
+        in (report["database_behind_zookeeper"])
+    )
+    zk.set(fence.watermark_path(ELECTION), b"{not a watermark")
+    report = gather(config).to_json()["fence"]
+    assert report["watermark"] is None
+    assert report["database_behind_zookeeper"] is None
+    assert "not JSON" in report["watermark_problem"]
 
 
 def test_an_epoch_beyond_zookeeper_is_ahead(config: Config, zk: KazooClient, db_url: str) -> None:
