@@ -429,7 +429,7 @@ class Node:
                 on_fenced=self._on_fenced,
                 on_fatal=self._on_fatal,
                 database_went_back=self._database_went_back,
-                cut_recorded=lambda mark: self._record_cut(election, token, mark),
+                cut_recorded=self._record_cut,
             ),
         )
         reason = self._watch_term(term, election)
@@ -645,15 +645,14 @@ class Node:
         self._database_behind = None
         self._metrics.database_behind_zookeeper.set(0)
 
-    def _record_cut(self, election: Election, token: fence.Token, high_water_id: int) -> None:
-        """A committed cut (a job thread): raise the watermark at most once a second."""
+    def _record_cut(self, high_water_id: int) -> None:
+        """A committed cut (a job thread): noted only. The leader's loop raises the watermark
+        (:meth:`_watermark_catch_up`, at most once a second): a ZooKeeper call here would
+        hold the refill up to a call timeout while the session is suspended, stretching it
+        into a successor's term."""
         with self._watermark_lock:
             pending = self._watermark_pending
             self._watermark_pending = max(high_water_id, pending if pending is not None else -1)
-            if time.monotonic() - self._watermark_raised_at < WATERMARK_INTERVAL_S:
-                return
-            mark, self._watermark_pending = self._watermark_pending, None
-        self._raise_watermark(election, fence.Watermark(token, mark))
 
     def _watermark_catch_up(self, election: Election, token: fence.Token) -> None:
         """The leader's loop: a cut the rate limit held back is written once it may be."""
