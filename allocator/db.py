@@ -601,11 +601,7 @@ class NodeDatabase:
 
     def replication(self) -> Replication:
         """How the database replicates (one round trip; see :class:`Replication`)."""
-        with self._connection("read the replication status") as conn:
-            row = conn.execute(sql.REPLICATION_STATUS).fetchone()
-        if row is None:
-            raise DatabaseError("read the replication status: the database returned no row")
-        return _replication(row)
+        return self._row("read the replication status", sql.REPLICATION_STATUS, {}, Replication)
 
     def read_clock(self, now_ms: Callable[[], float]) -> ClockReading:
         """The database clock against ``now_ms`` (the node's clock), from one round trip."""
@@ -699,11 +695,6 @@ def read_replication(
         Replication,
         connect_timeout_s,
     )
-
-
-def _replication(row: tuple[Any, ...]) -> Replication:
-    standbys, synchronous, names, commit, in_recovery = row
-    return Replication(int(standbys), int(synchronous), str(names), str(commit), bool(in_recovery))
 
 
 def read_status(

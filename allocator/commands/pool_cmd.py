@@ -33,8 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import click
-from kazoo.client import KazooClient
-from kazoo.exceptions import NoNodeError
 
 from allocator import config as config_mod
 from allocator import db, fence, status
@@ -72,22 +70,6 @@ class Outcome:
         }
 
 
-def read_watermark(
-    client: KazooClient, election_path: str, config: Config
-) -> tuple[fence.Watermark | None, str | None]:
-    """ZooKeeper's watermark, or None and why not (absent: no leader ever raised it)."""
-    path = fence.watermark_path(election_path)
-    with status.zookeeper_errors(config, f"read {path}"):
-        try:
-            data, _stat = status.wait(client.get_async(path), config)
-        except NoNodeError:
-            return None, f"{path} does not exist"
-    try:
-        return fence.Watermark.from_bytes(data), None
-    except ValueError as exc:
-        return None, str(exc)
-
-
 def reset(config: Config, url: str, reason: str, yes: bool) -> Outcome:
     """The four steps of the module docstring."""
     check_confirmable(yes)
@@ -96,7 +78,9 @@ def reset(config: Config, url: str, reason: str, yes: bool) -> Outcome:
     try:
         _servers, chroot = status.split_hosts(config.zookeeper.hosts)
         election_path = chroot + config.zookeeper.election_path
-        watermark, problem = read_watermark(client, election_path, config)
+        with status.zookeeper_errors(config, "read the watermark"):
+            zk_fence = status.read_zookeeper_fence(client, election_path, config)
+        watermark, problem = zk_fence.watermark, zk_fence.watermark_problem
         pool, _terms = db.read_status(
             url, history_limit=1, connect_timeout_s=config.postgres.connect_timeout_s
         )

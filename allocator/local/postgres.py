@@ -55,7 +55,7 @@ import textwrap
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import quote
 
 import psycopg
@@ -402,13 +402,18 @@ def base_backup(
     _own(signal_file, user)
 
 
+def _query_one(port: int, superuser: str, query: str, params: tuple[object, ...] = ()) -> Any:
+    """The first row of ``query`` on the server on ``port`` (superuser, ``postgres`` database,
+    autocommit); raises ``psycopg.Error``."""
+    url = database_url(superuser, port, "postgres")
+    with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
+        return conn.execute(query, params).fetchone()
+
+
 def in_recovery(port: int, superuser: str) -> bool | None:
     """``pg_is_in_recovery()`` of the server on ``port``; None if it does not answer."""
     try:
-        with psycopg.connect(
-            database_url(superuser, port, "postgres"), connect_timeout=CONNECT_TIMEOUT_S
-        ) as conn:
-            row = conn.execute("SELECT pg_is_in_recovery()").fetchone()
+        row = _query_one(port, superuser, "SELECT pg_is_in_recovery()")
     except psycopg.Error:
         return None
     return bool(row[0]) if row else None
@@ -417,14 +422,13 @@ def in_recovery(port: int, superuser: str) -> bool | None:
 def sync_state(port: int, superuser: str) -> str | None:
     """How the primary on ``port`` sees its standby: ``sync``, ``async``, … or None."""
     try:
-        with psycopg.connect(
-            database_url(superuser, port, "postgres"), connect_timeout=CONNECT_TIMEOUT_S
-        ) as conn:
-            row = conn.execute(
-                "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s"
-                " AND state = 'streaming'",
-                (STANDBY_NAME,),
-            ).fetchone()
+        row = _query_one(
+            port,
+            superuser,
+            "SELECT sync_state FROM pg_stat_replication WHERE application_name = %s"
+            " AND state = 'streaming'",
+            (STANDBY_NAME,),
+        )
     except psycopg.Error:
         return None
     return str(row[0]) if row else None
@@ -433,12 +437,7 @@ def sync_state(port: int, superuser: str) -> str | None:
 def reload(port: int, superuser: str) -> None:
     """``pg_reload_conf()`` on the server on ``port`` (after :func:`write_settings`)."""
     try:
-        with psycopg.connect(
-            database_url(superuser, port, "postgres"),
-            autocommit=True,
-            connect_timeout=CONNECT_TIMEOUT_S,
-        ) as conn:
-            conn.execute("SELECT pg_reload_conf()")
+        _query_one(port, superuser, "SELECT pg_reload_conf()")
     except psycopg.Error as exc:
         raise LocalClusterError(f"could not reload PostgreSQL on port {port}") from exc
 
@@ -457,12 +456,7 @@ def wait_synchronous(port: int, superuser: str, deadline: float) -> None:
 def promote(port: int, superuser: str) -> None:
     """Promote the standby on ``port`` (``pg_promote``, waiting until it accepts writes)."""
     try:
-        with psycopg.connect(
-            database_url(superuser, port, "postgres"),
-            autocommit=True,
-            connect_timeout=CONNECT_TIMEOUT_S,
-        ) as conn:
-            row = conn.execute("SELECT pg_promote(true, %s)", (PROMOTE_TIMEOUT_S,)).fetchone()
+        row = _query_one(port, superuser, "SELECT pg_promote(true, %s)", (PROMOTE_TIMEOUT_S,))
     except psycopg.Error as exc:
         raise LocalClusterError(f"could not promote the standby on port {port}") from exc
     if not row or not row[0]:
