@@ -112,6 +112,8 @@ def _run(action: Callable[[], None], what: str) -> None:
         action()
     except SQLAlchemyError as exc:
         raise MigrationError(f"schema {what} failed") from _driver_error(exc)
+    except psycopg.Error as exc:  # a version's SQL file, run on the driver connection
+        raise MigrationError(f"schema {what} failed") from exc
 
 
 def _driver_error(exc: SQLAlchemyError) -> BaseException:

@@ -9,8 +9,9 @@ Rules:
   operator's ``rebase_fence``), never
   through table DML: the node role has no INSERT/UPDATE/DELETE on any table, and the block
   writes among those functions are fenced on the caller's exact epoch inside the statement.
-- Reads use the views (``pool_status``, ``leader_history``), the only relations the node
-  and operator roles may read.
+- Reads use the views (``pool_status``, ``leader_history``, ``fence_history``): the node
+  role may read those three and no table; every role's rights are the table in docs/sql.md
+  (migration 0007).
 - Parameters are named (``%(name)s``, psycopg style); the column names of each statement
   match the fields of the dataclass :mod:`allocator.db` builds from it, so rows map by name.
 - Every statement is a single statement: with an autocommit connection it is its own

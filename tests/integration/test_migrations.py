@@ -30,8 +30,9 @@ FUNCTIONS_0002 = {
     "blocks_disjoint",
 }
 FUNCTIONS_0003 = FUNCTIONS_0002 | {"db_now_ms", "id_time_ms", "check_layout", "rebase_fence"}
-FUNCTIONS = FUNCTIONS_0003 | {"replication_status", "reset_after_restore"}
-ROLES = {"allocator_consumer", "allocator_node", "allocator_operator"}
+FUNCTIONS_0006 = FUNCTIONS_0003 | {"replication_status", "reset_after_restore"}
+FUNCTIONS = FUNCTIONS_0006 | {"pool_status_row"}
+ROLES = {"allocator_consumer", "allocator_node", "allocator_operator", "allocator_owner"}
 
 
 def schema_objects(url: str) -> dict[str, set[str]]:
@@ -127,7 +128,7 @@ def test_downgrade_step_by_step_restores_each_older_schema_and_upgrade_returns(
 def test_0004_grants_held_tickets_to_no_writer_and_keeps_the_function_grants(
     empty_db_url: str,
 ) -> None:
-    migrate.upgrade_to_head(empty_db_url)
+    command.upgrade(migrate._alembic_config(empty_db_url), "0004")
     checks = {
         ("allocator_node", "allocator.held_tickets", "INSERT,UPDATE,DELETE,SELECT"): False,
         ("allocator_consumer", "allocator.held_tickets", "SELECT"): False,
@@ -251,7 +252,7 @@ def test_0005_adds_only_replication_status_for_nodes_and_operators(empty_db_url:
 def test_0006_adds_the_reset_for_operators_only_and_downgrades_cleanly(empty_db_url: str) -> None:
     command.upgrade(migrate._alembic_config(empty_db_url), "0005")
     before = function_definitions(empty_db_url)
-    migrate.upgrade_to_head(empty_db_url)
+    command.upgrade(migrate._alembic_config(empty_db_url), "0006")
     after = function_definitions(empty_db_url)
     assert {n for n, d in after.items() if before.get(n) != d} == {
         "allocator.reset_after_restore(text,bigint,bigint)"
