@@ -1,26 +1,47 @@
 """The node's admin HTTP server: /metrics, /healthz, /readyz, /status, POST /step-down.
 
-Rules: binds where ``node.admin_address`` says (loopback by default); read endpoints are
-open, the admin action needs ``Authorization: Bearer <node.admin_token>`` and is refused
-outright (403) when no token is configured. Handlers only read snapshots and set flags: they
-never block on ZooKeeper or PostgreSQL. One thread, started and stopped by the node.
+Rules:
+
+- Binds where ``node.admin_address`` says (loopback by default). The read endpoints (``GET``
+  or ``HEAD``) are open to whoever reaches the address, so a remote Prometheus can scrape a
+  node bound to ``0.0.0.0:<port>`` or one interface; bound to a wildcard address, the node
+  advertises ``http://<hostname>:<port>``.
+- ``POST /step-down`` needs ``Authorization: Bearer <node.admin_token>``, compared in
+  constant time: no header or another scheme is ``401`` with ``WWW-Authenticate: Bearer``, a
+  wrong token ``403``, and with no token configured step-down is disabled (``403``). It
+  answers ``202`` when the node leads and will hand over, ``409`` when it does not lead.
+- Unknown path ``404``; a known path with another method ``405`` with ``Allow``. The bounds
+  and the other error answers (400, 408, 411, 413, 414, 431, 503, 505; 500 for a bug) are
+  :mod:`allocator.httpd`'s: ``node.admin_max_threads`` worker threads, a total deadline of
+  ``node.admin_timeout_s`` per request, bounded head and body. Every body is one line of JSON.
+- Handlers only read snapshots and set flags: they never block on ZooKeeper or PostgreSQL.
+  Started and stopped by the node.
 """
 
 from __future__ import annotations
 
 import hmac
-import json
 import logging
-import threading
+import socket
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from allocator.httpd import BoundedHTTPServer, Handler
 from allocator.metrics import NodeMetrics
 
 log = logging.getLogger(__name__)
+
+DEFAULT_MAX_THREADS = 8
+DEFAULT_TIMEOUT_S = 5.0
+READ_METHODS = ("GET", "HEAD")
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::"})
+STEP_DOWN_PATH = "/step-down"
+# Every status the admin server can answer (docs/admin-http.md).
+STATUSES = frozenset(
+    {200, 202, 400, 401, 403, 404, 405, 408, 409, 411, 413, 414, 431, 500, 503, 505}
+)
 
 
 class AdminServer:
@@ -33,81 +54,108 @@ class AdminServer:
         healthy: Callable[[], bool],
         ready: Callable[[], bool],
         step_down: Callable[[], bool],
+        *,
+        max_threads: int = DEFAULT_MAX_THREADS,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
     ) -> None:
         host, _, port = address.rpartition(":")
         self._bind = (host.strip("[]") or "127.0.0.1", int(port))
-        self._token = token
+        self._token = token.encode()
         self._metrics = metrics
         self._snapshot = snapshot
         self._healthy = healthy
         self._ready = ready
         self._step_down = step_down
-        self._server: ThreadingHTTPServer | None = None
-        self._thread: threading.Thread | None = None
+        self._max_threads = max_threads
+        self._timeout_s = timeout_s
+        self._server: BoundedHTTPServer | None = None
 
     @property
     def url(self) -> str:
+        """Where others reach this server (published in the election znode); bound to a
+        wildcard address, that is this host's name."""
         if self._server is None:
             return ""
         host, port = self._server.server_address[:2]
+        if host in WILDCARD_HOSTS:
+            host = socket.gethostname()
+        host = f"[{host}]" if ":" in str(host) else host
         return f"http://{host!s}:{port}"
 
     def start(self) -> None:
-        server = ThreadingHTTPServer(self._bind, self._handler_class())
-        server.daemon_threads = True
+        server = BoundedHTTPServer(
+            self._bind,
+            self._handler_class(),
+            max_threads=self._max_threads,
+            timeout_s=self._timeout_s,
+        )
+        server.start()
         self._server = server
-        self._thread = threading.Thread(target=server.serve_forever, name="admin-http", daemon=True)
-        self._thread.start()
 
     def stop(self) -> None:
         if self._server is not None:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.stop()
             self._server = None
 
-    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
-        admin = self
+    # -- endpoints ---------------------------------------------------------------------------
 
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: Any) -> None:  # quiet access log
-                log.debug("admin_http " + format, *args)
+    def _metrics_page(self, request: Handler) -> None:
+        request.reply(200, generate_latest(self._metrics.registry), CONTENT_TYPE_LATEST)
 
-            def do_GET(self) -> None:
-                if self.path == "/metrics":
-                    self._send(200, generate_latest(admin._metrics.registry), CONTENT_TYPE_LATEST)
-                elif self.path == "/healthz":
-                    ok = admin._healthy()
-                    self._json(200 if ok else 503, {"healthy": ok})
-                elif self.path == "/readyz":
-                    ok = admin._ready()
-                    self._json(200 if ok else 503, {"ready": ok})
-                elif self.path == "/status":
-                    self._json(200, admin._snapshot())
-                else:
-                    self._json(404, {"error": "not found"})
+    def _healthz(self, request: Handler) -> None:
+        ok = self._healthy()
+        request.reply_json(200 if ok else 503, {"healthy": ok})
 
-            def do_POST(self) -> None:
-                if self.path != "/step-down":
-                    self._json(404, {"error": "not found"})
+    def _readyz(self, request: Handler) -> None:
+        ok = self._ready()
+        request.reply_json(200 if ok else 503, {"ready": ok})
+
+    def _status(self, request: Handler) -> None:
+        request.reply_json(200, self._snapshot())
+
+    def _step_down_page(self, request: Handler) -> None:
+        if not self._token:
+            request.reply_error(403, "step-down is disabled: node.admin_token is not set")
+            return
+        scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
+        if scheme.lower() != "bearer" or not given.strip():
+            request.reply_error(
+                401,
+                "step-down needs Authorization: Bearer <node.admin_token>",
+                (("WWW-Authenticate", 'Bearer realm="allocator"'),),
+            )
+            return
+        # latin-1: the header was decoded so, and every byte maps back
+        if not hmac.compare_digest(given.strip().encode("latin-1"), self._token):
+            log.warning("event=admin_token_rejected client=%s", request.client_address)
+            request.reply_error(403, "wrong admin token")
+            return
+        leading = self._step_down()
+        request.reply_json(202 if leading else 409, {"stepping_down": leading})
+
+    def _routes(self) -> dict[str, dict[str, Callable[[Handler], None]]]:
+        return {
+            "/metrics": dict.fromkeys(READ_METHODS, self._metrics_page),
+            "/healthz": dict.fromkeys(READ_METHODS, self._healthz),
+            "/readyz": dict.fromkeys(READ_METHODS, self._readyz),
+            "/status": dict.fromkeys(READ_METHODS, self._status),
+            STEP_DOWN_PATH: {"POST": self._step_down_page},
+        }
+
+    def _handler_class(self) -> type[Handler]:
+        routes = self._routes()
+
+        class AdminHandler(Handler):
+            def route(self) -> None:
+                methods = routes.get(self.path.partition("?")[0])
+                if methods is None:
+                    self.reply_error(404, "not found")
                     return
-                if not admin._token:
-                    self._json(403, {"error": "admin actions are disabled: set node.admin_token"})
+                endpoint = methods.get(self.command)
+                if endpoint is None:
+                    allow = ", ".join(methods)
+                    self.reply_error(405, f"method not allowed; use {allow}", (("Allow", allow),))
                     return
-                given = self.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-                if not hmac.compare_digest(given.encode(), admin._token.encode()):
-                    self._json(401, {"error": "bad or missing admin token"})
-                    return
-                leading = admin._step_down()
-                self._json(202 if leading else 409, {"stepping_down": leading})
+                endpoint(self)
 
-            def _json(self, code: int, body: dict[str, Any]) -> None:
-                self._send(code, json.dumps(body).encode(), "application/json")
-
-            def _send(self, code: int, body: bytes, content_type: str) -> None:
-                self.send_response(code)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-        return Handler
+        return AdminHandler

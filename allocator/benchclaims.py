@@ -56,6 +56,7 @@ import psycopg
 from psycopg import sql
 
 from allocator import migrate
+from allocator.config import process_environment
 from allocator.errors import AllocatorError, PrerequisiteError
 from allocator.layout import Layout
 
@@ -360,7 +361,11 @@ def run_pgbench(
                 text=True,
                 timeout=limit,
                 check=False,
-                env={**os.environ, "PGAPPNAME": f"bench-{script_name}", **(env or {})},
+                env={
+                    **process_environment(),
+                    "PGAPPNAME": f"bench-{script_name}",
+                    **(env or {}),
+                },
             )
         except subprocess.TimeoutExpired as exc:  # run() has killed pgbench
             raise BenchError(f"pgbench {script_name} ran over {limit:.0f} s") from exc

@@ -81,6 +81,7 @@ from sqlalchemy.exc import SQLAlchemyError
 
 from allocator import benchclaims, migrate
 from allocator.benchclaims import BenchError, Server
+from allocator.config import process_environment
 
 RUN_DB = "bench_slow_consumer_run"
 EPOCH = benchclaims.EPOCH
@@ -483,7 +484,7 @@ def _claims(server: Server, database: str, plan: Plan, count: int) -> tuple[list
                 text=True,
                 timeout=limit,
                 check=False,
-                env={**os.environ, "PGAPPNAME": "bench-slow-consumer", **env},
+                env={**process_environment(), "PGAPPNAME": "bench-slow-consumer", **env},
             )
         except subprocess.TimeoutExpired as exc:  # run() has killed pgbench
             raise BenchError(f"pgbench ran over {limit:.0f} s") from exc

@@ -3,42 +3,95 @@
 Rules: one click group; each command lives in ``allocator.commands.<name>`` and is
 registered here. Errors derived from :class:`allocator.errors.AllocatorError` print one line
 (``error: <message>: <cause>``) on stderr and exit with the error's code; no tracebacks for
-expected failures. Every option that matters in production can also be set through an
-``ALLOCATOR_*`` environment variable (``auto_envvar_prefix``), shown in ``--help``.
+expected failures; an error line never holds a line break or a control character (they are
+escaped: :func:`one_line`). Every line the CLI prints about an error (click's usage errors, an
+unexpected exception's traceback too) and every log line has its secrets masked
+(:mod:`allocator.redact`).
+
+Every option that matters in production can also be set through an ``ALLOCATOR_*``
+environment variable (``auto_envvar_prefix``: ``ALLOCATOR_<COMMAND>_<OPTION>``), shown in
+``--help`` -- except the dangerous choices, which a person types each time and which are
+never read from the environment (:func:`allocator.commands.options.typed_option`; a unit
+test walks every command for them): ``--yes`` (``migrate``, ``fence rebase``, ``pool
+reset``), ``migrate --to``, ``fence rebase --reason`` and ``pool reset --reason`` (the audit
+record's why), ``pool reset --after-restore``, ``local down --purge`` and ``local up
+--node-command`` (what runs as a node).
+
+No option carries a secret: a ``--database-url`` whose URL holds a password is refused
+(a command line shows in every process list); the URL then comes from the command's
+``ALLOCATOR_<COMMAND>_DATABASE_URL``, from a file (``--database-url-file``) or from the
+config's ``postgres.url``, or the password from libpq's ``PGPASSWORD`` / ``PGPASSFILE``.
+``--set`` refuses the secret keys, and ``local up --node-env`` refuses secret variables.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 import sys
+import traceback
 from typing import Any
 
 import click
 
-from allocator import __version__, errors
+from allocator import __version__, errors, logs, redact
 
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks and control characters escaped (``\\n``, ``\\x1b``): an error
+    that quotes a bad argument stays one line and cannot drive the terminal."""
+    return "".join(ch if ch.isprintable() or ch == "\t" else ascii(ch)[1:-1] for ch in text)
 
 
 class _Group(click.Group):
     """A click group that turns AllocatorError into one line and an exit code."""
 
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.UsageError as exc:  # the group's own options: one line too
+            safe = one_line(redact.redact(exc.format_message()))
+            if safe == exc.format_message():
+                raise
+            raise click.UsageError(safe, ctx=exc.ctx) from None
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
         except errors.AllocatorError as exc:
-            click.echo(f"error: {errors.describe(exc)}", err=True)
+            click.echo(f"error: {one_line(errors.describe(exc))}", err=True)
             for line in errors.details(exc):
-                click.echo(f"  | {line}", err=True)
+                click.echo(f"  | {one_line(line)}", err=True)
             sys.exit(exc.exit_code)
+        except click.ClickException as exc:
+            # A usage error may quote the bad value, which may hold a secret, or a line break.
+            message = exc.format_message()
+            safe = one_line(redact.redact(message))
+            if safe == message:
+                raise
+            if isinstance(exc, click.UsageError):
+                raise click.UsageError(safe, ctx=exc.ctx) from None
+            raise click.ClickException(safe) from None
+        except (click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception:
+            # A bug: the traceback helps, but a driver's message in it may echo a secret.
+            click.echo(redact.redact(traceback.format_exc()).rstrip(), err=True)
+            sys.exit(1)
 
 
 @click.group(cls=_Group, context_settings={"auto_envvar_prefix": "ALLOCATOR", "show_default": True})
 @click.version_option(__version__, prog_name="allocator")
 def main() -> None:
     """Leader-elected allocator of Snowflake ID blocks."""
-    if not logging.getLogger().handlers:
-        logging.basicConfig(level=logging.WARNING, format=LOG_FORMAT)
+    # An argument that was not UTF-8 (a path) reaches us surrogate-escaped: print it back as
+    # the bytes it came from instead of failing on it.
+    if isinstance(sys.stdout, io.TextIOWrapper):
+        sys.stdout.reconfigure(errors="surrogateescape")
+    root = logging.getLogger()
+    if not root.handlers:
+        root.addHandler(logs.handler())
+        root.setLevel(logging.WARNING)
 
 
 def _register() -> None:

@@ -15,12 +15,25 @@ Rules:
   :class:`~allocator.errors.InvalidConfigError` whose ``problems`` lists every problem,
   one line each, naming its dotted key, the bad value and where it came from, e.g.
   ``pool.min_blocks: must be >= 1 (got 0, from ALLOCATOR_POOL_MIN_BLOCKS)``; "default"
-  when a key nobody set breaks a rule with one that was set.
-- Secrets (``postgres.url``'s password, ``zookeeper.auth``, ``node.admin_token``) are
-  ``SecretStr``, never echoed in errors, and masked by :meth:`Config.masked_dict`.
+  when a key nobody set breaks a rule with one that was set. A key or value that holds a
+  line break or another odd character is shown quoted, so a problem is always one line;
+  a file that is not TOML (or not UTF-8) is one :class:`~allocator.errors.ConfigError`.
+- A valid config holds only values a node can use: every float key is a duration in
+  seconds, at most :data:`MAX_DURATION_S` (10 years: a wait, timer or ``timedelta`` of it
+  never overflows); every integer fits in 64 bits, the PostgreSQL settings and ZooKeeper's
+  session timeout in 32 (:data:`PG_INT_MAX`), the TCP keepalive settings in Linux's
+  bounds, the layout's bit widths in 63.
+- Secrets (``postgres.url``'s password and every other libpq secret parameter in it,
+  ``zookeeper.auth``, ``node.admin_token``) are ``SecretStr``, never echoed in errors, and
+  masked by :meth:`Config.masked_dict`. Loading registers their values with
+  :func:`allocator.redact.register` as soon as it reads them, so no log line or error
+  message of the process prints them.
 - Loading reads the file and the clock (the layout epoch must not be in the future), nothing
   else: ``node.name`` left empty becomes ``<hostname>-<pid>`` only when
   :meth:`NodeConfig.resolved_name` is called.
+- This is the only module of the product that reads the process environment
+  (``os.environ``); any other gets a copy from :func:`process_environment`. An AST test
+  holds it (``tests/unit/test_boundaries.py``).
 """
 
 from __future__ import annotations
@@ -35,12 +48,12 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
-from urllib.parse import urlsplit
 
 import click
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -55,6 +68,7 @@ from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDic
 from pydantic_settings.sources.utils import parse_env_vars
 
 from allocator import layout as layout_mod
+from allocator import redact
 from allocator.errors import ConfigError, InvalidConfigError, LayoutError, UsageError
 
 ENV_PREFIX = "ALLOCATOR_"
@@ -62,14 +76,23 @@ CONFIG_PATH_ENV = "ALLOCATOR_CONFIG"
 DEFAULT_ZK_HOSTS = "127.0.0.1:2181"
 DEFAULT_POSTGRES_URL = "postgresql://allocator_node@127.0.0.1:5432/allocator"
 DEFAULT_ADMIN_ADDRESS = "127.0.0.1:8470"
-MASK = "***"
+MASK = redact.MASK
 SECRET_KEYS = frozenset({"postgres.url", "zookeeper.auth", "node.admin_token"})
 MAX_NODE_NAME_CHARS = 64
+MAX_INT = 2**63 - 1
+MAX_DURATION_S = 10 * 365 * 86_400.0
+PG_INT_MAX = 2**31 - 1
+"""PostgreSQL's ``integer`` settings (statement_timeout, ...) and ZooKeeper's session
+timeout (an int32 on the wire) hold at most this."""
+MIN_ADMIN_TOKEN_CHARS = 24
 
 _HOST_PORT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>[0-9]{1,5}))?")
 _ZNODE_PATH = re.compile(r"(/[^/\x00-\x1f\x7f]+)+")
 _NODE_NAME = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_NODE_NAME_CHARS}}}")
+_ADMIN_TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")
 _NUMBER = re.compile(r"[+-]?[0-9]+(\.[0-9]*)?")
+_PLAIN_KEY = re.compile(r"[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*")
+_ID_BITS = layout_mod.ID_BITS
 
 
 def _not_bool(value: object) -> object:
@@ -79,8 +102,23 @@ def _not_bool(value: object) -> object:
     return value
 
 
-Int = Annotated[int, BeforeValidator(_not_bool)]
-Float = Annotated[float, BeforeValidator(_not_bool)]
+def _int64(value: int) -> int:
+    # Integers go to PostgreSQL bigints, struct fields and timers: 64 bits at most.
+    if not -MAX_INT <= value <= MAX_INT:
+        raise ValueError("must fit in 64 bits (at most 2^63-1)")
+    return value
+
+
+def _duration(value: float) -> float:
+    # A wait, a timer or a timedelta of a longer time overflows (threading.TIMEOUT_MAX).
+    if value > MAX_DURATION_S:
+        raise ValueError(f"must be <= {MAX_DURATION_S:.0f} (10 years)")
+    return value
+
+
+Int = Annotated[int, BeforeValidator(_not_bool), AfterValidator(_int64)]
+Float = Annotated[float, BeforeValidator(_not_bool), AfterValidator(_duration)]
+"""Every float key is a duration in seconds (``*_s``), bounded by :data:`MAX_DURATION_S`."""
 
 
 def _check_host_port(text: str, *, min_port: int, port_required: bool) -> None:
@@ -106,21 +144,25 @@ def _check_znode_path(text: str, what: str) -> None:
 
 
 def mask_url(url: str) -> str:
-    """``url`` with its password (in the user info or a ``password=`` parameter) masked."""
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return MASK
-    netloc = parts.netloc
-    userinfo, at, hostinfo = netloc.rpartition("@")
-    if not at and "@" in url:
-        # An "@" outside the parsed user info (e.g. an unescaped "/" in the password): we
-        # cannot tell where the password ends, so hide everything after the scheme.
-        return f"{parts.scheme}://{MASK}"
-    if at and ":" in userinfo:
-        netloc = f"{userinfo.partition(':')[0]}:{MASK}@{hostinfo}"
-    query = re.sub(r"(^|&)password=[^&]*", rf"\1password={MASK}", parts.query)
-    return parts._replace(netloc=netloc, query=query).geturl()
+    """``url`` with every libpq secret parameter masked (:func:`allocator.redact.mask_conninfo`)."""
+    return redact.mask_conninfo(url)
+
+
+def _register_secrets(values: Mapping[str, object]) -> None:
+    """Hands the secrets among ``values`` (dotted keys) to :func:`allocator.redact.register`,
+    so no log line or error message of this process can print them."""
+    for key in SECRET_KEYS:
+        value = values.get(key)
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if not isinstance(value, str) or not value:
+            continue
+        if key == "postgres.url":
+            redact.register(*redact.url_secrets(value))
+        elif key == "zookeeper.auth":
+            redact.register(value, value.partition(":")[2])
+        else:
+            redact.register(value)
 
 
 class _Section(BaseModel):
@@ -139,10 +181,11 @@ class LayoutConfig(_Section):
 
     epoch: Int = Field(default=layout_mod.DEFAULT_EPOCH_MS, ge=0)
     """Unix milliseconds; given as ISO-8601 with an offset, a TOML datetime, or Unix ms."""
-    timestamp_bits: Int = Field(default=layout_mod.DEFAULT_TIMESTAMP_BITS, ge=1)
-    datacenter_bits: Int = Field(default=layout_mod.DEFAULT_DATACENTER_BITS, ge=0)
-    lane_bits: Int = Field(default=layout_mod.DEFAULT_LANE_BITS, ge=0)
-    sequence_bits: Int = Field(default=layout_mod.DEFAULT_SEQUENCE_BITS, ge=1)
+    # Each width at most the ID's 63 bits (a huge one would make 2^width exhaust memory).
+    timestamp_bits: Int = Field(default=layout_mod.DEFAULT_TIMESTAMP_BITS, ge=1, le=_ID_BITS)
+    datacenter_bits: Int = Field(default=layout_mod.DEFAULT_DATACENTER_BITS, ge=0, le=_ID_BITS)
+    lane_bits: Int = Field(default=layout_mod.DEFAULT_LANE_BITS, ge=0, le=_ID_BITS)
+    sequence_bits: Int = Field(default=layout_mod.DEFAULT_SEQUENCE_BITS, ge=1, le=_ID_BITS)
     block_size: Int = Field(default=4096, ge=1)
     """IDs per block: a power of two, at most ``2^sequence_bits``."""
 
@@ -169,11 +212,20 @@ class ZookeeperConfig(_Section):
     hosts: str = DEFAULT_ZK_HOSTS
     """``host[:port],...`` with an optional chroot suffix ``/a/b`` isolating this cluster."""
     election_path: str = "/election"
-    session_timeout_ms: Int = Field(default=10_000, ge=400)
+    session_timeout_ms: Int = Field(default=10_000, ge=400, le=PG_INT_MAX)
     connect_timeout_s: Float = Field(default=10.0, gt=0)
     max_reconnect_delay_s: Float = Field(default=5.0, gt=0, le=60)
     auth: SecretStr = SecretStr("")
-    """``user:password`` for digest authentication, or empty for none."""
+    """``user:password`` for digest authentication: the cluster's identity, which alone has
+    any right on the chroot and every znode below it that the cluster creates
+    (:mod:`allocator.zkclient`). From the environment (``ALLOCATOR_ZOOKEEPER_AUTH``) or the
+    config file, never a flag. Empty: no ACLs, and ``allocator run`` refuses to start
+    unless ``insecure`` is set."""
+    world_readable: bool = False
+    """Also let anyone (unauthenticated) read, never write, the cluster's znodes."""
+    insecure: bool = False
+    """Run a node without ``auth``: its znodes are open to anyone who reaches ZooKeeper, who
+    can stall the election. Warned about at every start; an error together with ``auth``."""
 
     @field_validator("hosts")
     @classmethod
@@ -208,15 +260,16 @@ class PostgresConfig(_Section):
     url: SecretStr = SecretStr(DEFAULT_POSTGRES_URL)
     pool_min_size: Int = Field(default=1, ge=0)
     pool_max_size: Int = Field(default=4, ge=1)
-    statement_timeout_ms: Int = Field(default=5000, gt=0)
-    idle_in_transaction_timeout_ms: Int = Field(default=5000, gt=0)
+    statement_timeout_ms: Int = Field(default=5000, gt=0, le=PG_INT_MAX)
+    idle_in_transaction_timeout_ms: Int = Field(default=5000, gt=0, le=PG_INT_MAX)
     connect_timeout_s: Float = Field(default=5.0, gt=0)
-    tcp_user_timeout_ms: Int = Field(default=5000, ge=0)
+    tcp_user_timeout_ms: Int = Field(default=5000, ge=0, le=PG_INT_MAX)
     """libpq ``tcp_user_timeout``: how long sent data may stay unacknowledged before the
     connection is dropped (a black-holed path); 0 leaves the system default."""
-    keepalives_idle_s: Int = Field(default=2, ge=1)
-    keepalives_interval_s: Int = Field(default=1, ge=1)
-    keepalives_count: Int = Field(default=3, ge=1)
+    # Linux's bounds for TCP_KEEPIDLE, TCP_KEEPINTVL and TCP_KEEPCNT (tcp(7)).
+    keepalives_idle_s: Int = Field(default=2, ge=1, le=32_767)
+    keepalives_interval_s: Int = Field(default=1, ge=1, le=32_767)
+    keepalives_count: Int = Field(default=3, ge=1, le=127)
     allow_async_replication: bool = False
     """Cut even when the database has standbys that no commit waits for. A failover to such
     a standby loses acknowledged claims (handed out again) and moves the mark back: only for
@@ -247,10 +300,25 @@ class NodeConfig(_Section):
     name: str = ""
     """1..64 characters of ``[A-Za-z0-9._-]``; empty means ``<hostname>-<pid>``."""
     admin_address: str = DEFAULT_ADMIN_ADDRESS
+    """Where the admin HTTP server listens (docs/admin-http.md): loopback by default;
+    ``0.0.0.0:<port>`` or one interface's address to let a remote Prometheus scrape."""
     admin_token: SecretStr = SecretStr("")
+    """``Authorization: Bearer`` token for ``POST /step-down``: at least
+    ``MIN_ADMIN_TOKEN_CHARS`` random printable ASCII characters, or empty (step-down over
+    HTTP disabled)."""
+    admin_max_threads: Int = Field(default=8, ge=1, le=64)
+    """Worker threads of the admin HTTP server (slow clients hold no thread)."""
+    admin_timeout_s: Float = Field(default=5.0, gt=0, le=60)
+    """Total time a request may take to arrive, and its answer to be taken."""
     on_session_loss: Literal["exit", "rejoin"] = "exit"
     log_format: Literal["text", "json"] = "text"
     shutdown_timeout_s: Float = Field(default=10.0, gt=0)
+    state_dir: str = ""
+    """An absolute path: the folder where the node keeps its state files (its ZooKeeper
+    session, :mod:`allocator.session_file`); created mode 0700 if missing, and it must not
+    be writable by others. systemd's ``StateDirectory=allocator/%i`` makes it
+    ``/var/lib/allocator/<instance>``; ``allocator local`` gives each node one of its own.
+    Empty (the default): the node keeps no state file."""
 
     @field_validator("name")
     @classmethod
@@ -264,6 +332,33 @@ class NodeConfig(_Section):
     def _check_admin_address(cls, value: str) -> str:
         _check_host_port(value, min_port=0, port_required=True)
         return value
+
+    @field_validator("admin_token")
+    @classmethod
+    def _check_admin_token(cls, value: SecretStr) -> SecretStr:
+        token = value.get_secret_value()
+        if token and not _ADMIN_TOKEN_CHARS.fullmatch(token):
+            raise ValueError(
+                "must be printable ASCII without spaces or control characters "
+                "(e.g. from `openssl rand -base64 32`)"
+            )
+        if token and len(token) < MIN_ADMIN_TOKEN_CHARS:
+            raise ValueError(
+                f"must be at least {MIN_ADMIN_TOKEN_CHARS} random characters "
+                "(e.g. from `openssl rand -base64 32`), or empty to disable step-down over HTTP"
+            )
+        return value
+
+    @field_validator("state_dir")
+    @classmethod
+    def _check_state_dir(cls, value: str) -> str:
+        if value and (not value.startswith("/") or "\x00" in value):
+            raise ValueError("must be an absolute path, e.g. /var/lib/allocator/node-1, or empty")
+        return value
+
+    def state_path(self) -> Path | None:
+        """``state_dir`` as a path, or None when it is empty (no state file is kept)."""
+        return Path(self.state_dir) if self.state_dir else None
 
     def resolved_name(self) -> str:
         """``name``, or ``<hostname>-<pid>`` when empty (reads the host name and pid now)."""
@@ -372,6 +467,15 @@ def _cross_check(
         if pool.low_watermark_blocks >= pool.min_blocks:
             message = f"must be < pool.min_blocks ({pool.min_blocks})"
             problems.append(("pool.low_watermark_blocks", message, pool.low_watermark_blocks))
+    zookeeper = sections.get("zookeeper")
+    if isinstance(zookeeper, ZookeeperConfig):
+        has_auth = bool(zookeeper.auth.get_secret_value())
+        if zookeeper.insecure and has_auth:
+            message = "must be false when zookeeper.auth is set (the ACLs are used)"
+            problems.append(("zookeeper.insecure", message, True))
+        if zookeeper.world_readable and not has_auth:
+            message = "needs zookeeper.auth (without it every znode is open to all anyway)"
+            problems.append(("zookeeper.world_readable", message, True))
     leader = sections.get("leader")
     if isinstance(leader, LeaderConfig) and isinstance(pool, PoolConfig):
         # A contender's advert may be two probes old, and a leader judges its own writes
@@ -468,21 +572,33 @@ class _EnvSource(EnvSettingsSource):
         )
 
 
+def process_environment() -> dict[str, str]:
+    """A copy of this process's environment variables.
+
+    The one way for code outside this module to see the environment (module rules): to
+    hand it on to a child process, or to read a documented variable of the embedded
+    cluster's tooling (``ALLOCATOR_PG_BIN_DIR``, ``ALLOCATOR_ZK_JAVA_DIR``)."""
+    return dict(os.environ)
+
+
 def env_name(key: str) -> str:
     """The variable of a dotted key: ``pool.min_blocks`` is ``ALLOCATOR_POOL_MIN_BLOCKS``."""
     return ENV_PREFIX + key.replace(".", "_").upper()
 
 
 def _read_file(path: Path) -> dict[str, Any]:
+    shown = str(path) if str(path).isprintable() else repr(str(path))  # one line, always
     try:
         with path.open("rb") as file:
             return tomllib.load(file)
     except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
+        raise ConfigError(f"config file not found: {shown}") from None
     except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path} is not valid TOML") from exc
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}") from exc
+        raise ConfigError(f"config file {shown} is not valid TOML") from exc
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {shown} is not valid UTF-8") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        raise ConfigError(f"cannot read config file {shown}") from exc
 
 
 def _flatten(nested: Mapping[str, Any]) -> dict[str, Any]:
@@ -523,7 +639,10 @@ def _message(error: ErrorDetails) -> str:
 def _show(key: str, value: object) -> str:
     """A bad value for an error line; secrets stay hidden."""
     if key in SECRET_KEYS:
-        return mask_url(value) if key == "postgres.url" and isinstance(value, str) else MASK
+        if key == "postgres.url" and isinstance(value, str):
+            masked = mask_url(value)
+            return masked if masked.isprintable() else repr(masked)  # one line, always
+        return MASK
     if isinstance(value, bool):
         return str(value).lower()
     if isinstance(value, str) and not _NUMBER.fullmatch(value):
@@ -535,7 +654,9 @@ def _unknown_key(key: str) -> str:
     if key in SECTIONS:
         return f"{key}: must be a table of keys, like [{key}]"
     close = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.75)
-    return f"{key}: unknown key" + (f"; did you mean {close[0]}?" if close else "")
+    # A key that is empty, blank or holds odd characters (a newline) is shown quoted.
+    shown = key if _PLAIN_KEY.fullmatch(key) else repr(key)
+    return f"{shown}: unknown key" + (f"; did you mean {close[0]}?" if close else "")
 
 
 def load_config(
@@ -572,6 +693,7 @@ def load_config(
     for flat, label in layers:
         for key, value in flat.items():
             values[key], origin[key] = value, label(key)
+    _register_secrets(values)
 
     problems: list[str] = []
     for key in [key for key in values if key not in KEYS]:
@@ -603,7 +725,11 @@ def load_config(
 
 
 def parse_set_pairs(pairs: Iterable[str]) -> dict[str, str]:
-    """``--set section.key=value`` flags as overrides for :func:`load_config`; last one wins."""
+    """``--set section.key=value`` flags as overrides for :func:`load_config`; last one wins.
+
+    A secret (``zookeeper.auth``, ``node.admin_token``, a ``postgres.url`` with a password)
+    is refused: it would show in every process list. It comes from the environment or the
+    config file."""
     overrides: dict[str, str] = {}
     for pair in pairs:
         key, equals, value = pair.partition("=")
@@ -611,6 +737,15 @@ def parse_set_pairs(pairs: Iterable[str]) -> dict[str, str]:
         if not equals or not re.fullmatch(r"[A-Za-z0-9_]+\.[A-Za-z0-9_]+", key):
             raise UsageError(
                 f"--set {pair!r}: expected SECTION.KEY=VALUE, e.g. pool.min_blocks=128"
+            )
+        if key.lower() in SECRET_KEYS and (
+            key.lower() != "postgres.url" or mask_url(value) != value
+        ):
+            # A flag shows in every process list (a URL without a password is no secret);
+            # the value is not echoed here either.
+            raise UsageError(
+                f"--set {key.lower()}: a secret is never taken from the command line; "
+                f"set {env_name(key.lower())} or put it in the config file"
             )
         overrides[key.lower()] = value
     return overrides

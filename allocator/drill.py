@@ -52,10 +52,10 @@ from pathlib import Path
 from typing import Any, Final
 
 import psycopg
-from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
+from allocator import zkclient
 from allocator.config import ZookeeperConfig
 from allocator.election import Contender, read_contenders
 from allocator.errors import AllocatorError, ZooKeeperUnavailableError
@@ -614,7 +614,9 @@ class Drill:
 
     def open(self) -> None:
         logging.getLogger("kazoo").setLevel(logging.ERROR)  # reconnect chatter is noise here
-        client = KazooClient(hosts=self._info.node_zk_hosts, timeout=ZK_TIMEOUT_S)
+        client = zkclient.client_for(
+            self._info.node_zk_hosts, self._info.zk_auth, timeout_s=ZK_TIMEOUT_S
+        )
         try:
             client.start(timeout=ZK_TIMEOUT_S)
         except KazooTimeoutError as exc:

@@ -3,11 +3,25 @@
 Rules (DESIGN §3):
 - Every contender creates one ephemeral sequential znode ``<path>/n-<uuid>-<seq>`` whose
   data is JSON (instance name, host, pid, admin address). The uuid lets a retry find a node
-  whose ``create`` succeeded but whose reply was lost, so a contender never holds two.
+  whose ``create`` succeeded but whose reply was lost, so a contender never holds two. It
+  is created with the cluster's ACL (``acl``, see :mod:`allocator.zkclient`) when given.
+- The queue is ordered by each znode's name and stat alone, never by its data: only
+  *ephemeral* children (``ephemeralOwner`` != 0) whose name is exactly
+  ``n-<32 lowercase hex>-<10 digits>`` count, lowest sequence number first (the name breaks
+  a tie no real sequence can make). Both are fixed when a znode is created, so every
+  contender, of whatever version, computes the same order. Anything else under the path (a
+  persistent lookalike, a foreign name) is ignored for ordering and reported
+  (:func:`read_queue`). A sequence number past 2^31 - 1 (ZooKeeper prints it negative)
+  does not match: at one join and one leave per second that is 34 years of churn on one
+  election path.
 - The contender with the lowest sequence number leads. Every other contender sets one
-  ``exists`` watch, on its immediate predecessor only: when a node goes, exactly one
-  contender wakes (no herd). A woken contender re-reads the children and, if it is not first
-  yet, watches its new predecessor.
+  ``exists`` watch, on its immediate predecessor only (the nearest ephemeral one before it):
+  when a node goes, exactly one contender wakes (no herd). A woken contender re-reads the
+  children and, if it is not first yet, watches its new predecessor.
+- A znode's data is only read for people and for a leader choosing whom to hand over to:
+  :meth:`Identity.parse` is total (any bytes give an identity and, when they are not what
+  our nodes write, a one-line ``problem``); data that does not parse is reported
+  (``Contender.problem``) and changes nothing in the order.
 - The fencing token is the ``czxid`` of the contender's own znode, read back with the node's
   ``ephemeralOwner`` checked against our session id: a token is only ever derived from a node
   this session owns (sequence numbers are per-parent 32-bit and compared as strings by some
@@ -24,22 +38,36 @@ Rules (DESIGN §3):
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from kazoo.client import KazooClient
-from kazoo.exceptions import BadVersionError, ConnectionLoss, NodeExistsError, NoNodeError
+from kazoo.exceptions import (
+    BadVersionError,
+    ConnectionLoss,
+    NoAuthError,
+    NodeExistsError,
+    NoNodeError,
+)
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
+from kazoo.security import ACL
 
 from allocator import fence
 from allocator.errors import AllocatorError
 
 NODE_PREFIX = "n-"
 SEQUENCE_DIGITS = 10
+NAME_PATTERN = re.compile(
+    rf"{NODE_PREFIX}(?P<tag>[0-9a-f]{{32}})-(?P<sequence>[0-9]{{{SEQUENCE_DIGITS}}})"
+)
+"""A contender's znode name: ``n-<uuid4 hex>-<sequence>``; nothing else is ours."""
+MAX_NAME_CHARS = 64
+MAX_TEXT_CHARS = 255
 DEFAULT_CALL_TIMEOUT_S = 1.0
 WATERMARK_ATTEMPTS = 5
 
@@ -89,27 +117,70 @@ class Identity:
         return bool(self.db_ok and self.clock_ok)
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> Identity:
+    def from_bytes(cls, data: bytes | None) -> Identity:
         """Never raises: data we cannot read becomes "?" / 0 / None field by field."""
+        return cls.parse(data)[0]
+
+    @classmethod
+    def parse(cls, data: bytes | None) -> tuple[Identity, str | None]:
+        """The identity in ``data`` and why it is not what our nodes write (None: it is).
+
+        Total: any bytes give an identity, each field that does not parse being "?" / 0 /
+        None, and a one-line problem. Keys we do not know are fine (a newer version may add
+        some); a known key of the wrong type or with control characters is a problem."""
         try:
-            raw = json.loads(data.decode() or "{}")
-        except (UnicodeDecodeError, ValueError):
-            raw = {}
+            raw = json.loads((data or b"").decode())
+        except UnicodeDecodeError:
+            return _UNKNOWN, "not UTF-8"
+        except (ValueError, RecursionError):  # RecursionError: nested too deep for json
+            return _UNKNOWN, "not JSON" if data else "empty"
         if not isinstance(raw, dict):
-            raw = {}
-        pid = raw.get("pid", 0)
-        return cls(
-            name=_text(raw.get("name"), "?"),
-            host=_text(raw.get("host"), "?"),
-            pid=pid if isinstance(pid, int) and not isinstance(pid, bool) and pid >= 0 else 0,
-            admin_address=_text(raw.get("admin"), ""),
-            db_ok=raw.get("db_ok") if isinstance(raw.get("db_ok"), bool) else None,
-            clock_ok=raw.get("clock_ok") if isinstance(raw.get("clock_ok"), bool) else None,
+            return _UNKNOWN, f"a JSON {_json_kind(raw)}, not an object"
+        problems: list[str] = []
+
+        def text(key: str, default: str, limit: int, least: int = 1) -> str:
+            value = raw.get(key)
+            if not isinstance(value, str) or not least <= len(value) <= limit:
+                problems.append(f"{key}: not a string of {least}..{limit} characters")
+                return default
+            if not value.isprintable():
+                problems.append(f"{key}: control characters")
+                return default
+            return value
+
+        def flag(key: str) -> bool | None:
+            value = raw.get(key)
+            if value is not None and not isinstance(value, bool):
+                problems.append(f"{key}: not true/false")
+                return None
+            return value
+
+        pid = raw.get("pid")
+        if not isinstance(pid, int) or isinstance(pid, bool) or not 0 <= pid < 2**63:
+            problems.append("pid: not a whole number >= 0")
+            pid = 0
+        identity = cls(
+            name=text("name", "?", MAX_NAME_CHARS),
+            host=text("host", "?", MAX_TEXT_CHARS),
+            pid=pid,
+            admin_address=text("admin", "", MAX_TEXT_CHARS, least=0),
+            db_ok=flag("db_ok"),
+            clock_ok=flag("clock_ok"),
         )
+        return identity, "; ".join(problems) or None
 
 
-def _text(value: object, default: str) -> str:
-    return value if isinstance(value, str) else default
+_UNKNOWN = Identity(name="?", host="?", pid=0, admin_address="")
+
+
+def _json_kind(value: object) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    return "string" if isinstance(value, str) else "array"
 
 
 @dataclass(frozen=True)
@@ -119,17 +190,41 @@ class Contender:
     znode: str
     sequence: int
     identity: Identity
+    problem: str | None = None
+    """Why the znode's data does not parse (:meth:`Identity.parse`); None when it does."""
+
+
+@dataclass(frozen=True)
+class Ignored:
+    """A child of the election path that takes no place in the queue, and why."""
+
+    znode: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Queue:
+    """The election as an outsider reads it: contenders in order, and what was ignored."""
+
+    contenders: list[Contender] = field(default_factory=list)
+    ignored: list[Ignored] = field(default_factory=list)
+
+    @property
+    def unparsable(self) -> list[Contender]:
+        """Contenders whose data does not parse (they keep their place)."""
+        return [c for c in self.contenders if c.problem is not None]
 
 
 def sequence_of(znode: str) -> int:
-    """The sequence suffix of ``n-<uuid>-0000000042`` (-1 for names that are not ours)."""
-    suffix = znode[-SEQUENCE_DIGITS:]
-    return int(suffix) if znode.startswith(NODE_PREFIX) and suffix.isdigit() else -1
+    """The sequence of ``n-<32 hex>-0000000042`` (-1 for a name that is not exactly ours)."""
+    match = NAME_PATTERN.fullmatch(znode)
+    return int(match["sequence"]) if match else -1
 
 
-def ordered(children: list[str]) -> list[str]:
-    """Contender znode names in election order (lowest sequence first), strangers dropped."""
-    return sorted((c for c in children if sequence_of(c) >= 0), key=sequence_of)
+def ordered(children: Sequence[str]) -> list[str]:
+    """The names in our format, lowest sequence first (the name breaks ties); strangers
+    dropped. The candidates only: whether each is ephemeral needs its stat."""
+    return sorted((c for c in children if sequence_of(c) >= 0), key=lambda c: (sequence_of(c), c))
 
 
 class Election:
@@ -141,9 +236,12 @@ class Election:
         path: str,
         identity: Identity,
         call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        acl: Sequence[ACL] | None = None,
     ) -> None:
         self._client = client
         self._call_timeout_s = call_timeout_s
+        self._acl = list(acl) if acl else None
+        """The ACL of every znode created here (None: the client's default)."""
         self._path = path.rstrip("/") or "/"
         self._identity = identity
         self._tag = uuid.uuid4().hex
@@ -164,7 +262,7 @@ class Election:
         """Create our contender node (idempotent while it exists); returns its path."""
         if self._znode is not None and self._owns(self._znode):
             return self._znode
-        self._bounded(self._client.ensure_path_async(self._path))
+        self._bounded(self._client.ensure_path_async(self._path, **self._acl_arg()))
         try:
             self._znode = self._create()
         except (ConnectionLoss, ZooKeeperCallTimeoutError):
@@ -176,26 +274,40 @@ class Election:
         prefix = f"{self._path}/{NODE_PREFIX}{self._tag}-"
         data = self._identity.to_bytes()
         created: str = self._bounded(
-            self._client.create_async(prefix, data, ephemeral=True, sequence=True)
+            self._client.create_async(
+                prefix, data, ephemeral=True, sequence=True, **self._acl_arg()
+            )
         )
         return created
+
+    def _acl_arg(self) -> dict[str, Any]:
+        """``acl=`` for a create, when this election has one."""
+        return {} if self._acl is None else {"acl": self._acl}
 
     def wait_until_first(self, stop: threading.Event, recheck_s: float = 1.0) -> bool:
         """Block until we are the lowest contender (True) or ``stop`` is set (False).
 
         Watches only the immediate predecessor; re-checks every ``recheck_s`` so a lost
-        watch (session events drop pending watches) cannot stall us.
+        watch (session events drop pending watches) cannot stall us. Each re-check hands
+        kazoo the same callback for the same predecessor (kazoo keeps a set per path), so a
+        long-lived predecessor does not pile up one pending callback per second.
         """
+        watched = ""
+        woken = threading.Event()
+        watcher = _setter(woken)
         while not stop.is_set():
             predecessor = self._predecessor()
             if predecessor is None:
                 return True
-            woken = threading.Event()
             path = f"{self._path}/{predecessor}"
-            if self._bounded(self._client.exists_async(path, watch=_setter(woken))):
+            if path != watched:
+                watched, woken = path, threading.Event()
+                watcher = _setter(woken)
+            if self._bounded(self._client.exists_async(path, watch=watcher)):
                 woken.wait(recheck_s)
             if woken.is_set():
                 self.wakeups += 1
+                watched = ""
         return False
 
     def token(self) -> int:
@@ -224,7 +336,21 @@ class Election:
 
     def contenders(self) -> list[Contender]:
         """Everyone in the election, leader first."""
-        return read_contenders(self._client, self._path)
+        return self.queue().contenders
+
+    def queue(self) -> Queue:
+        """The whole election as :func:`read_queue` reads it, every call bounded."""
+        self._bounded(self._client.sync_async(self._path))
+        try:
+            children = self._bounded(self._client.get_children_async(self._path))
+        except NoNodeError:
+            return Queue()
+        return _queue(
+            self._path,
+            children,
+            lambda znode: self._bounded(self._client.get_async(znode)),
+            lambda znode: self._bounded(self._client.exists_async(znode)),
+        )
 
     def publish(self, identity: Identity) -> None:
         """Rewrite our znode's data (what we advertise); a no-op before :meth:`join`."""
@@ -271,7 +397,9 @@ class Election:
                 data, stat = self._bounded(self._client.get_async(path))
             except NoNodeError:
                 try:
-                    self._bounded(self._client.create_async(path, mark.to_bytes()))
+                    self._bounded(
+                        self._client.create_async(path, mark.to_bytes(), **self._acl_arg())
+                    )
                     return mark
                 except NodeExistsError:
                     continue
@@ -295,13 +423,18 @@ class Election:
         return 0 if stat is None else int(stat.pzxid)
 
     def _predecessor(self) -> str | None:
+        """The nearest *ephemeral* contender before ours (module rules), or None: we lead.
+        A persistent lookalike in between is skipped; one that vanished is gone."""
         znode = self._require_znode()
         name = znode.rsplit("/", 1)[1]
         order = ordered(self._bounded(self._client.get_children_async(self._path)))
         if name not in order:
             raise ElectionNodeLostError(f"election node {znode} is gone")
-        index = order.index(name)
-        return order[index - 1] if index > 0 else None
+        for candidate in reversed(order[: order.index(name)]):
+            stat = self._bounded(self._client.exists_async(f"{self._path}/{candidate}"))
+            if stat is not None and stat.ephemeralOwner:
+                return candidate
+        return None
 
     def _require_znode(self) -> str:
         if self._znode is None:
@@ -338,19 +471,55 @@ def _setter(event: threading.Event) -> Callable[[object], None]:
 
 
 def read_contenders(client: KazooClient, path: str) -> list[Contender]:
-    """The election under ``path`` as an outsider sees it (for ``allocator status``). A
+    """The contenders under ``path`` in election order (see :func:`read_queue`)."""
+    return read_queue(client, path).contenders
+
+
+def read_queue(client: KazooClient, path: str) -> Queue:
+    """The election under ``path`` as an outsider sees it (``allocator status``): the
+    contenders in order (module rules) and every other child, ignored, with the reason. A
     ``sync`` first: the server we read from has then seen every change the leader of the
-    ensemble committed before (ZooKeeper promises no more without it)."""
+    ensemble committed before (ZooKeeper promises no more without it). Whatever a znode
+    holds, this does not raise for it; a missing path is an empty queue."""
     try:
         client.sync(path)
-        children = ordered(client.get_children(path))
+        children = client.get_children(path)
     except NoNodeError:
-        return []
-    result: list[Contender] = []
-    for child in children:
+        return Queue()
+    return _queue(path, children, client.get, client.exists)
+
+
+def _queue(
+    path: str,
+    children: Sequence[str],
+    get: Callable[[str], tuple[bytes, Any]],
+    exists: Callable[[str], Any],
+) -> Queue:
+    """:class:`Queue` of ``children`` of ``path``, reading each with ``get`` (``exists``
+    when its ACL refuses us its data)."""
+    contenders: list[Contender] = []
+    ignored: list[Ignored] = []
+    for child in sorted(children):
+        znode = f"{path.rstrip('/')}/{child}"
+        sequence = sequence_of(child)
+        if sequence < 0:
+            ignored.append(Ignored(znode, "name not n-<32 hex>-<10 digits>"))
+            continue
+        data: bytes | None
         try:
-            data, _stat = client.get(f"{path}/{child}")
+            data, stat = get(znode)
+            problem: str | None = None
         except NoNodeError:
             continue  # left while we were reading
-        result.append(Contender(f"{path}/{child}", sequence_of(child), Identity.from_bytes(data)))
-    return result
+        except NoAuthError:  # not ours: its ACL keeps its data from us
+            stat = exists(znode)
+            if stat is None:
+                continue
+            data, problem = None, "data not readable (its ACL refuses us)"
+        if not stat.ephemeralOwner:
+            ignored.append(Ignored(znode, "not ephemeral"))
+            continue
+        identity, unparsed = Identity.parse(data)
+        contenders.append(Contender(znode, sequence, identity, problem or unparsed))
+    contenders.sort(key=lambda c: (c.sequence, c.znode))
+    return Queue(contenders, ignored)

@@ -3,11 +3,15 @@
 Rules: driver and library errors are translated into these at the boundary (keeping
 ``__cause__``), so callers and the CLI never see a raw psycopg/kazoo exception. Every error
 carries the process exit code the CLI uses for it; the message is one line a user can act on.
+What :func:`describe` and :func:`details` return is safe to print: a driver's message that
+echoes a connection string or a registered secret comes out masked (:mod:`allocator.redact`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+from allocator import redact
 
 
 class AllocatorError(Exception):
@@ -178,7 +182,8 @@ class WriteAbandonedError(AllocatorError):
 def describe(exc: BaseException) -> str:
     """One line: each message's first line, then its cause chain (``a: b: c``), no traceback.
 
-    A message's further lines (e.g. a server log's tail) are :func:`details`.
+    A message's further lines (e.g. a server log's tail) are :func:`details`. Secrets are
+    masked.
     """
     parts: list[str] = []
     seen: set[int] = set()
@@ -194,9 +199,10 @@ def describe(exc: BaseException) -> str:
         current = current.__cause__ or (
             None if current.__suppress_context__ else current.__context__
         )
-    return ": ".join(parts)
+    return redact.redact(": ".join(parts))
 
 
 def details(exc: BaseException) -> list[str]:
-    """The lines after the first of an error's own message (a log tail), for the CLI."""
-    return str(exc).strip().splitlines()[1:]
+    """The lines after the first of an error's own message (a log tail), for the CLI;
+    secrets masked."""
+    return [redact.redact(line) for line in str(exc).strip().splitlines()[1:]]

@@ -126,6 +126,23 @@ class NodeMetrics:
             "1 when the database recorded another layout or datacenter than this node's",
             registry=r,
         )
+        self.zookeeper_insecure = Gauge(
+            "allocator_zookeeper_insecure",
+            "1 if this node runs without ZooKeeper ACLs (zookeeper.insecure, no zookeeper.auth)",
+            registry=r,
+        )
+        self.election_unparsable_znodes = Gauge(
+            "allocator_election_unparsable_znodes",
+            "Election znodes whose data does not parse at the last scan (they keep their place "
+            "in the queue; someone other than our nodes wrote them)",
+            registry=r,
+        )
+        self.election_ignored_znodes = Gauge(
+            "allocator_election_ignored_znodes",
+            "Children of the election path that take no place in the queue at the last scan "
+            "(not ephemeral, or not named n-<32 hex>-<10 digits>)",
+            registry=r,
+        )
         self.job_errors = Counter(
             "allocator_job_errors",
             "Scheduled job runs that failed (label task: not job, which Prometheus owns)",

@@ -31,6 +31,13 @@ Rules (DESIGN §3, §4, §11; the invariants I3 and I6):
 - Graceful step-down (`allocator step-down`, POST /step-down) and SIGTERM: stop the jobs,
   record the end of the term, delete the znode (the next node takes over at once); step-down
   then rejoins at the back of the queue, SIGTERM exits 0.
+- ZooKeeper access (:mod:`allocator.zkclient`): without ``zookeeper.auth`` the node refuses
+  to start unless ``zookeeper.insecure`` (then a WARNING and ``allocator_zookeeper_insecure``
+  at every start). At start it gives the cluster's persistent znodes our ACL where they
+  carry another (an older version's open ACL); everything it creates carries it. A
+  ``NoAuth`` answer is a configuration error (exit 78), never retried. Every
+  ``ELECTION_SCAN_INTERVAL_S`` it reads the whole election and reports, by metric and one
+  log line per change, znodes ignored for the order or holding data that does not parse.
 - The node receives its collaborators (:mod:`allocator.ports`): the store, a ZooKeeper
   client factory, the leader jobs, the clock. The constructor does no I/O; :meth:`Node.run`
   does it all and always cleans up.
@@ -38,11 +45,11 @@ Rules (DESIGN §3, §4, §11; the invariants I3 and I6):
 Exit codes: 0 stopped on request; 3 ZooKeeper session lost; 4 fenced by a newer leader;
 69/70/75/78 as for every command (missing prerequisite, bug, unavailable, bad config).
 
-Test hook (tests/chaos only; off unless ``allocator run`` reads its variable, see
-:mod:`allocator.commands.run`, which logs it loudly at start): ``expose_session_password``
-(``ALLOCATOR_TEST_EXPOSE_SESSION=1``): ``/status`` also shows the ZooKeeper session password,
-so a test can force a real server-side expiry. ``/status`` always shows the session id (hex);
-never the password otherwise.
+The session: ``/status`` shows its id (hex), never its password. With ``node.state_dir``
+set, the node checks that folder before anything else (a bad one: exit 78) and keeps the id
+and password of every new session in ``session.json`` there, mode 0600
+(:mod:`allocator.session_file`); the file is removed once the node has closed its session
+on the way out, so only a process that died without its shutdown leaves one behind.
 """
 
 from __future__ import annotations
@@ -55,11 +62,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from kazoo.exceptions import KazooException, NoNodeError
+from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 
-from allocator import fence
+from allocator import fence, session_file, zkclient
 from allocator.admin import AdminServer
 from allocator.config import Config
 from allocator.election import (
@@ -98,12 +105,20 @@ WATERMARK_INTERVAL_S = 1.0
 JOB_STOP_TIMEOUT_S = 10.0
 HANDOVER_CHECK_INTERVAL_S = 1.0
 ZOOKEEPER_ERROR_BACKOFF_S = 1.0
+ELECTION_SCAN_INTERVAL_S = 5.0
+"""How often a node reads the whole election to report znodes it ignores or cannot parse."""
 
 TermFactory = Callable[[fence.Token, SessionGuard], Term]
 
 
 def wall_clock_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+def _first(items: tuple[str, ...], shown: int = 10) -> str:
+    """Up to ``shown`` items for a log line (strangers could be many)."""
+    more = f"; and {len(items) - shown} more" if len(items) > shown else ""
+    return "; ".join(items[:shown]) + more
 
 
 def chroot_of(hosts: str) -> str:
@@ -127,7 +142,6 @@ class Node:
         host: str | None = None,
         pid: int | None = None,
         term_factory: TermFactory = Term,
-        expose_session_password: bool = False,
     ) -> None:
         self._config = config
         self._now_ms = now_ms
@@ -137,7 +151,8 @@ class Node:
         self._metrics = metrics or NodeMetrics()
         self._metrics.session.state("connecting")
         self._health = health or NodeHealth()
-        self._expose_session_password = expose_session_password  # TEST HOOK (docstring)
+        self._state_dir = config.node.state_path()
+        self._state_dir_ready = False  # checked by session_file.prepare at the start of run()
         self._db = store
         self._zk_factory = zookeeper
         self._zk_root = zookeeper_root  # no chroot: to recreate ours after a wipe
@@ -153,6 +168,8 @@ class Node:
             healthy=lambda: not self._guard.lost,
             ready=lambda: self._guard.connected,
             step_down=self.request_step_down,
+            max_threads=config.node.admin_max_threads,
+            timeout_s=config.node.admin_timeout_s,
         )
         self._election: Election | None = None
         self._stop = threading.Event()
@@ -174,6 +191,8 @@ class Node:
         self._watermark_raised_at = 0.0
         self._handover_withheld: str | None = None
         self._probe_thread: threading.Thread | None = None
+        self._election_findings: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
+        """(unparsable, ignored) znodes as last reported, so each change logs once."""
 
     # -- requests from other threads (signals, admin HTTP) --------------------------------
 
@@ -209,10 +228,11 @@ class Node:
         return client_id
 
     def snapshot(self) -> dict[str, Any]:
+        """What ``/status`` shows (never the session password)."""
         term = self._term
         client_id = self.session_credentials()
         advert = self._health.advert()
-        snapshot = {
+        return {
             "name": self.name,
             "host": self._host,
             "pid": self._pid,
@@ -234,9 +254,6 @@ class Node:
             "async_replication": self._health.async_replication,
             "async_replication_allowed": self._config.postgres.allow_async_replication,
         }
-        if self._expose_session_password and client_id:  # TEST HOOK: never in production
-            snapshot["session_password"] = client_id[1].hex()
-        return snapshot
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -244,10 +261,16 @@ class Node:
         """Run until stopped, fenced or the session is lost; returns the exit code."""
         config = self._config
         try:
+            zkclient.check_node(config)  # before anything starts: no ACLs, no node
+            self._warn_insecure()
+            if self._state_dir is not None:
+                session_file.prepare(self._state_dir)
+                self._state_dir_ready = True
             self._db.open(timeout=config.postgres.connect_timeout_s)
             self._admin.start()
             self._jobs.start_scheduler()
             self._election = self._start_session()
+            self._secure_znodes()
             log.info("event=started name=%s admin_url=%s", self.name, self._admin.url)
             self._metrics.async_replication_allowed.set(
                 int(config.postgres.allow_async_replication)
@@ -289,7 +312,75 @@ class Node:
                 f"no ZooKeeper server answered at {config.zookeeper.hosts} "
                 f"within {config.zookeeper.connect_timeout_s} s"
             ) from exc
-        return Election(self._zk, config.zookeeper.election_path, self._identity())
+        self._record_session()
+        return Election(
+            self._zk,
+            config.zookeeper.election_path,
+            self._identity(),
+            acl=zkclient.acl(config),
+        )
+
+    def _warn_insecure(self) -> None:
+        """``zookeeper.insecure``: a WARNING at every start, and a metric (alertable)."""
+        insecure = zkclient.credentials(self._config) is None
+        self._metrics.zookeeper_insecure.set(int(insecure))
+        if insecure:
+            log.warning(
+                "event=zookeeper_insecure name=%s: %s", self.name, zkclient.INSECURE_WARNING
+            )
+
+    def _secure_znodes(self) -> None:
+        """Our ACL on the cluster's persistent znodes that carry another one (an older
+        version's open ACL: :func:`allocator.zkclient.secure`). A refusal is fatal (a
+        ConfigError); a connection problem is not: the next start looks again."""
+        timeout_s = self._config.zookeeper.connect_timeout_s
+        try:
+            zkclient.secure(self._zk, self._config, lambda pending: pending.get(timeout=timeout_s))
+        except (KazooException, KazooTimeoutError) as exc:
+            log.warning("event=zookeeper_acl_check_failed name=%s error=%r", self.name, exc)
+
+    def _record_session(self) -> None:
+        """Keep the new session's id and password in the session file (module rules)."""
+        client_id = self.session_credentials()
+        if self._state_dir is None or not self._state_dir_ready or client_id is None:
+            return
+        record = session_file.SessionRecord(
+            name=self.name,
+            host=self._host,
+            pid=self._pid,
+            zookeeper_hosts=self._config.zookeeper.hosts,
+            session_id=client_id[0],
+            session_password=client_id[1],
+        )
+        try:
+            path = session_file.write(self._state_dir, record)
+        except OSError as exc:
+            # The node can do its job without it; only a later clean-up of this session
+            # from outside cannot. Never leave a file naming an older session.
+            log.error(
+                "event=session_file_failed name=%s dir=%s error=%s",
+                self.name,
+                self._state_dir,
+                exc.strerror or exc,
+            )
+            self._forget_session()
+            return
+        log.info(
+            "event=session_recorded name=%s session_id=%#x path=%s", self.name, client_id[0], path
+        )
+
+    def _forget_session(self) -> None:
+        if self._state_dir is None or not self._state_dir_ready:
+            return
+        try:
+            session_file.remove(self._state_dir)
+        except OSError as exc:
+            log.warning(
+                "event=session_file_remove_failed name=%s dir=%s error=%s",
+                self.name,
+                self._state_dir,
+                exc.strerror or exc,
+            )
 
     def _loop(self) -> int:
         while not self._stop.is_set():
@@ -319,6 +410,8 @@ class Node:
                     return code
             except NoNodeError:
                 self._recreate_chroot()
+            except NoAuthError as exc:  # the ACL is another identity's: no retry can help
+                raise zkclient.access_refused(self._config, "join the election") from exc
             except (KazooException, ElectionNodeLostError, ZooKeeperCallTimeoutError) as exc:
                 log.warning("event=zookeeper_error name=%s error=%r", self.name, exc)
                 self._wait_for_session()
@@ -341,7 +434,13 @@ class Node:
                 self._stop.wait(ZOOKEEPER_ERROR_BACKOFF_S)
                 return
             log.warning("event=zookeeper_chroot_missing name=%s chroot=%s", self.name, chroot)
-            root.ensure_path(chroot)
+            timeout_s = self._config.zookeeper.connect_timeout_s
+            zkclient.ensure_chroot(
+                root,
+                chroot,
+                zkclient.acl(self._config),
+                lambda pending: pending.get(timeout=timeout_s),
+            )
             log.info("event=zookeeper_chroot_created name=%s chroot=%s", self.name, chroot)
         except (KazooException, KazooTimeoutError) as exc:
             log.warning("event=zookeeper_chroot_create_failed name=%s error=%r", self.name, exc)
@@ -534,9 +633,14 @@ class Node:
         return None
 
     def _fit_contenders(self, election: Election) -> list[Contender]:
-        """Other contenders that advertise a reachable database and an agreeing clock."""
+        """Other contenders that advertise a reachable database and an agreeing clock (in
+        data that parses: an advert we cannot read in full is no reason to hand over)."""
         own = election.znode
-        return [c for c in election.contenders() if c.znode != own and c.identity.fit]
+        return [
+            c
+            for c in election.contenders()
+            if c.znode != own and c.problem is None and c.identity.fit
+        ]
 
     def _pause(self, seconds: float) -> None:
         """A back-off that ends early on a stop request or a session loss."""
@@ -692,7 +796,11 @@ class Node:
         interval = self._config.leader.probe_interval_s
         published = self._health.advert()
         probe: threading.Thread | None = None
+        scanned = 0.0
         while not self._closing.wait(interval):
+            if time.monotonic() - scanned >= ELECTION_SCAN_INTERVAL_S:
+                scanned = time.monotonic()
+                self._scan_election()
             if probe is None or not probe.is_alive():
                 probe = threading.Thread(target=self._probe_once, name="db-probe-call", daemon=True)
                 probe.start()
@@ -707,6 +815,39 @@ class Node:
                     published = advert
                 except (KazooException, ZooKeeperCallTimeoutError) as exc:
                     log.warning("event=advert_failed name=%s error=%r", self.name, exc)
+
+    def _scan_election(self) -> None:
+        """Report (metrics, one log line per change) election znodes that take no place
+        in the queue or hold data that does not parse; the order never depends on them."""
+        election = self._election
+        if election is None or not self._guard.connected:
+            return
+        try:
+            queue = election.queue()
+        except (KazooException, ZooKeeperCallTimeoutError) as exc:
+            log.warning("event=election_scan_failed name=%s error=%r", self.name, exc)
+            return
+        unparsable = tuple(f"{c.znode} ({c.problem})" for c in queue.unparsable)
+        ignored = tuple(f"{i.znode} ({i.reason})" for i in queue.ignored)
+        self._metrics.election_unparsable_znodes.set(len(unparsable))
+        self._metrics.election_ignored_znodes.set(len(ignored))
+        last_unparsable, last_ignored = self._election_findings
+        if unparsable and unparsable != last_unparsable:
+            log.warning(
+                "event=election_znodes_unparsable name=%s count=%d znodes=%s: their data is "
+                "not what our nodes write; they keep their place in the queue",
+                self.name,
+                len(unparsable),
+                _first(unparsable),
+            )
+        if ignored and ignored != last_ignored:
+            log.warning(
+                "event=election_znodes_ignored name=%s count=%d znodes=%s: not contenders",
+                self.name,
+                len(ignored),
+                _first(ignored),
+            )
+        self._election_findings = (unparsable, ignored)
 
     def _probe_unanswered(self, waited_s: float) -> None:
         if self._health.advert().db_ok is not False:
@@ -760,6 +901,8 @@ class Node:
             old.close()
         except KazooException as exc:
             log.warning("event=zookeeper_close_failed error=%r", exc)
+        else:
+            self._forget_session()  # until the new session is recorded
         self._guard.reset()
         self._interrupt.clear()
         self._zk = self._zk_factory()
@@ -845,6 +988,8 @@ class Node:
             self._zk.close()
         except KazooException as exc:
             log.warning("event=zookeeper_close_failed error=%r", exc)
+        else:
+            self._forget_session()  # closed: the file would name a dead session
         if self._probe_thread is not None:
             self._probe_thread.join(timeout=JOB_STOP_TIMEOUT_S)
         self._db.close()

@@ -11,14 +11,18 @@ Rules:
   that read, so the election path's ``pzxid`` read afterwards (after a ``sync``) is at least
   that czxid in a healthy ensemble. The other order would report a leader elected between
   the two reads as a fence *ahead of ZooKeeper* (:func:`allocator.fence.ahead_of_zookeeper`).
-- Nothing ZooKeeper holds crashes the report: contender data we cannot read shows as "?"
-  (:meth:`Identity.from_bytes`), a generation znode that holds no number is a ``problem``
+- Nothing ZooKeeper holds crashes the report: the queue is ordered by znode name and stat
+  alone (:func:`allocator.election.read_queue`); contender data we cannot read shows as "?"
+  with its ``problem`` (:meth:`Identity.parse`), children that take no place in the queue
+  are listed as ignored, a generation znode that holds no number is a ``problem``
   with ``zookeeper_generation`` and ``ahead_of_zookeeper`` null (unknown), and a missing
   chroot or election path is an empty election.
 - ``to_json`` keeps DESIGN §10's keys and meanings (``leader.epoch`` is the czxid half of
   the token); additions only: ``leader.generation``, ``contenders[].db_ok`` / ``clock_ok``
   (as the contender advertises them; null: not advertised), ``handovers[].generation``, and
-  the top-level ``fence`` object (:meth:`FenceReport.to_json`).
+  the top-level ``fence`` object (:meth:`FenceReport.to_json`), ``contenders[].problem``
+  (why its data does not parse; null when it does) and the top-level ``election`` object
+  (``unparsable``: ``[{znode, problem}]``, ``ignored``: ``[{znode, reason}]``).
 - Errors leave as the project's own: ZooKeeper unreachable → :class:`ZooKeeperUnavailableError`,
   refused for lack of auth → :class:`ConfigError` naming ``zookeeper.auth``.
 """
@@ -30,7 +34,7 @@ import math
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
@@ -46,13 +50,13 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
-from kazoo.security import ACL, make_digest_acl
+from kazoo.security import ACL
 from psycopg.rows import class_row
 
-from allocator import db, fence, sql
+from allocator import db, fence, sql, zkclient
 from allocator.config import Config
 from allocator.db import PoolStatus, Term, read_status
-from allocator.election import Contender, read_contenders
+from allocator.election import Contender, Ignored, Queue, read_queue
 from allocator.errors import AllocatorError, ConfigError, ZooKeeperUnavailableError
 
 KAZOO_LOG = logging.getLogger(__name__ + ".kazoo")
@@ -159,6 +163,8 @@ class ClusterStatus:
     pool: PoolStatus
     terms: list[Term]
     fence: FenceReport
+    ignored: list[Ignored] = field(default_factory=list)
+    """Children of the election path that take no place in the queue."""
 
     @property
     def leader(self) -> Contender | None:
@@ -200,9 +206,18 @@ class ClusterStatus:
                     "admin_url": c.identity.admin_address,
                     "db_ok": c.identity.db_ok,
                     "clock_ok": c.identity.clock_ok,
+                    "problem": c.problem,
                 }
                 for c in self.contenders
             ],
+            "election": {
+                "unparsable": [
+                    {"znode": c.znode, "problem": c.problem}
+                    for c in self.contenders
+                    if c.problem is not None
+                ],
+                "ignored": [{"znode": i.znode, "reason": i.reason} for i in self.ignored],
+            },
             "pool": {
                 "available_blocks": self.pool.available_blocks,
                 "available_ids": self.pool.available_ids,
@@ -235,23 +250,14 @@ def split_hosts(hosts: str) -> tuple[str, str]:
 
 
 def digest_acl(config: Config) -> list[ACL] | None:
-    """The ACL of znodes created for the cluster: its digest identity, or None (kazoo's
-    default, open) when ``zookeeper.auth`` is empty."""
-    user, _, password = config.zookeeper.auth.get_secret_value().partition(":")
-    return [make_digest_acl(user, password, all=True)] if user else None
+    """The ACL of znodes created for the cluster (:func:`allocator.zkclient.acl`)."""
+    return zkclient.acl(config)
 
 
 def zookeeper_client(config: Config, *, chroot: bool = True) -> KazooClient:
     """An operator's kazoo client (not started): the config's hosts, with or without their
-    chroot, authenticated like a node."""
-    zk = config.zookeeper
-    auth = zk.auth.get_secret_value()
-    return KazooClient(
-        hosts=zk.hosts if chroot else split_hosts(zk.hosts)[0],
-        timeout=zk.session_timeout_ms / 1000,
-        auth_data=[("digest", auth)] if auth else None,
-        logger=KAZOO_LOG,
-    )
+    chroot, authenticated like a node (:func:`allocator.zkclient.client`)."""
+    return zkclient.client(config, chroot=chroot, logger=KAZOO_LOG)
 
 
 def start(client: KazooClient, config: Config) -> None:
@@ -329,24 +335,24 @@ def read_zookeeper_fence(
     return ZooKeeperFence(generation, newest, chroot + path, problem, watermark, watermark_problem)
 
 
-def read_zookeeper(config: Config) -> tuple[list[Contender], ZooKeeperFence]:
-    """Contenders in election order and the fence as ZooKeeper sees it, from one session."""
+def read_zookeeper(config: Config) -> tuple[Queue, ZooKeeperFence]:
+    """The election queue and the fence as ZooKeeper sees it, from one session."""
     path = config.zookeeper.election_path
     client = zookeeper_client(config)
     start(client, config)
     try:
         with zookeeper_errors(config, "read the election"):
-            contenders = read_contenders(client, path)
+            queue = read_queue(client, path)
             zk_fence = read_zookeeper_fence(
                 client, path, config, chroot=split_hosts(config.zookeeper.hosts)[1]
             )
     finally:
         close(client)
-    return contenders, zk_fence
+    return queue, zk_fence
 
 
 def read_contenders_once(config: Config) -> list[Contender]:
-    return read_zookeeper(config)[0]
+    return read_zookeeper(config)[0].contenders
 
 
 # -- PostgreSQL -------------------------------------------------------------------------------
@@ -393,11 +399,11 @@ def gather(
     timeout_s = config.postgres.connect_timeout_s
     pool, terms = read_status(url, history_limit=history_limit, connect_timeout_s=timeout_s)
     rebases = read_rebases(url, rebase_limit, connect_timeout_s=timeout_s) if rebase_limit else None
-    contenders, zk_fence = read_zookeeper(config)  # after the database: see the module rules
+    queue, zk_fence = read_zookeeper(config)  # after the database: see the module rules
     report = FenceReport(
         pool.generation, pool.epoch, pool.holder, zk_fence, rebases, pool.high_water_id
     )
-    return ClusterStatus(contenders, pool, terms, report)
+    return ClusterStatus(queue.contenders, pool, terms, report, queue.ignored)
 
 
 def gather_fence(config: Config, rebase_limit: int = REBASE_HISTORY_LIMIT) -> FenceReport:

@@ -1,11 +1,17 @@
-"""Fixture plugins shared by every test folder (servers start only when a test asks), and the
-``soak`` marker: long runs that only ``ALLOCATOR_SOAK=1`` enables (CI does not set it)."""
+"""Fixture plugins shared by every test folder (servers start only when a test asks), the
+``soak`` marker: long runs that only ``ALLOCATOR_SOAK=1`` enables (CI does not set it), and
+the hypothesis profile (:mod:`tests.fuzz.profiles`: ``ci`` unless ``HYPOTHESIS_PROFILE``
+says otherwise), loaded here so every property test runs under it, whichever runs first."""
 
 from __future__ import annotations
 
 import os
 
 import pytest
+
+from tests.fuzz import profiles
+
+profiles.load()
 
 pytest_plugins = [
     "tests.fixtures.cluster",

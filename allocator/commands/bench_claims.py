@@ -31,7 +31,7 @@ import click
 
 from allocator import benchclaims
 from allocator.benchclaims import Plan, Result, Server
-from allocator.commands import benchkit
+from allocator.commands import benchkit, options
 from allocator.commands.bench_client import bench
 
 DEFAULT_STATE_DIR = Path(".run/bench-claims")
@@ -88,11 +88,8 @@ def _counts(text: str, option: str, upper: int) -> tuple[int, ...]:
     show_envvar=True,
     help="Blocks stocked for each run (0: enough for the longest run at 60k claims/s).",
 )
-@click.option(
-    "--database-url",
-    default=None,
-    show_envvar=True,
-    help="A PostgreSQL superuser URL to bench on. [default: an embedded cluster in --state-dir]",
+@options.database_url_option(
+    help="A PostgreSQL superuser URL to bench on. [default: an embedded cluster in --state-dir]"
 )
 @click.option(
     "--state-dir",

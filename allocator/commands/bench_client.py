@@ -54,7 +54,8 @@ import psycopg
 from allocator import client as client_mod
 from allocator import db
 from allocator.client import Block, IdClient, PostgresClaimer
-from allocator.commands import benchkit
+from allocator.commands import benchkit, options
+from allocator.commands.ranges import FiniteFloatRange
 from allocator.errors import AllocatorError, DatabaseUnavailableError
 
 DEFAULT_STATE_DIR = Path(".run/bench")
@@ -168,12 +169,9 @@ class _RecordingClaimer:
 
 
 @bench.command("client")
-@click.option(
-    "--database-url",
-    default=None,
-    show_envvar=True,
+@options.database_url_option(
     help="A running allocator's database (role granted allocator_consumer). "
-    "[default: an embedded cluster in --state-dir]",
+    "[default: an embedded cluster in --state-dir]"
 )
 @click.option(
     "--state-dir",
@@ -184,7 +182,7 @@ class _RecordingClaimer:
 )
 @click.option(
     "--seconds",
-    type=click.FloatRange(0.1, 600),
+    type=FiniteFloatRange(0.1, 600),
     default=5.0,
     show_envvar=True,
     help="Length of each run.",
@@ -211,7 +209,7 @@ class _RecordingClaimer:
 )
 @click.option(
     "--refill-at",
-    type=click.FloatRange(0.0, 1.0, min_open=True),
+    type=FiniteFloatRange(0.0, 1.0, min_open=True),
     default=client_mod.DEFAULT_REFILL_AT,
     show_envvar=True,
     help="Fraction of a segment left when the next one is claimed.",

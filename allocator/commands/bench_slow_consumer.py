@@ -33,7 +33,7 @@ import click
 from allocator import benchclaims, benchslow
 from allocator.benchclaims import Server
 from allocator.benchslow import Plan, RunResult
-from allocator.commands import benchkit
+from allocator.commands import benchkit, options
 from allocator.commands.bench_client import bench
 
 DEFAULT_STATE_DIR = Path(".run/bench-slow-consumer")
@@ -103,11 +103,8 @@ DEFAULT_STATE_DIR = Path(".run/bench-slow-consumer")
     show_envvar=True,
     help="Also run on a database at migration 0003 (the functions before held tickets).",
 )
-@click.option(
-    "--database-url",
-    default=None,
-    show_envvar=True,
-    help="A PostgreSQL superuser URL to bench on. [default: an embedded cluster in --state-dir]",
+@options.database_url_option(
+    help="A PostgreSQL superuser URL to bench on. [default: an embedded cluster in --state-dir]"
 )
 @click.option(
     "--state-dir",

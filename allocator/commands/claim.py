@@ -6,9 +6,10 @@ Rules:
   (:func:`allocator.client.claim_once`); the blocks are durably claimed when it returns
   and belong to ``--consumer`` for good: nothing hands them back, so claim only what you
   will use.
-- The database URL is ``--database-url`` (``ALLOCATOR_CLAIM_DATABASE_URL``), else the
-  config's ``postgres.url`` (file, ``ALLOCATOR_POSTGRES_URL``, ``--set``). Any role that
-  was granted ``allocator_consumer`` will do.
+- The database URL is ``--database-url`` (``ALLOCATOR_CLAIM_DATABASE_URL``) or
+  ``--database-url-file``, else the config's ``postgres.url`` (file,
+  ``ALLOCATOR_POSTGRES_URL``). Any role that was granted ``allocator_consumer`` will do. A
+  URL with a password is refused on the command line (:mod:`allocator.commands.options`).
 - Output: one line per block, ``block_id first_id last_id`` (inclusive), oldest first; or,
   with ``--json``, ``{"consumer", "requested", "blocks": [{"block_id", "first_id",
   "last_id", "size"}]}``. When the pool runs short the call returns fewer blocks than asked
@@ -28,6 +29,7 @@ import click
 
 from allocator import client
 from allocator import config as config_mod
+from allocator.commands import options
 
 
 @click.command("claim")
@@ -45,11 +47,8 @@ from allocator import config as config_mod
     help="Blocks to claim in one call; fewer come back when the pool runs short.",
 )
 @click.option("--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object.")
-@click.option(
-    "--database-url",
-    default=None,
-    show_envvar=True,
-    help="PostgreSQL URL of a role granted allocator_consumer. [default: config postgres.url]",
+@options.database_url_option(
+    help="PostgreSQL URL of a role granted allocator_consumer. [default: config postgres.url]"
 )
 @config_mod.config_options
 def claim(

@@ -8,7 +8,9 @@ with ``--json`` stdout also gets ``{"valid": false, "errors": [...]}``. A file t
 be read, or a malformed ``--set``, is one error line as usual. ``--database`` also connects
 to ``postgres.url`` (the only check that does) and treats standbys that no commit waits for
 as a problem (exit 78) unless ``postgres.allow_async_replication`` is set, which is always
-warned about.
+warned about. A configuration without ``zookeeper.auth`` gets a warning line: with
+``zookeeper.insecure`` that a node would run without ZooKeeper ACLs, without it that
+``allocator run`` refuses to start.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import click
 
 from allocator import config as config_mod
+from allocator import errors, zkclient
 from allocator.db import Replication, read_replication
 from allocator.errors import AllocatorError, InvalidConfigError
 from allocator.layout import format_utc_ms
@@ -69,6 +72,7 @@ def check(
         raise click.exceptions.Exit(exc.exit_code) from exc
     ends_at = format_utc_ms(loaded.layout.ends_at_ms)
     warnings, problems, replication = _replication_findings(loaded, probe_database)
+    warnings = zkclient.warnings(loaded) + warnings
     if as_json:
         document = {
             "valid": not problems,
@@ -115,7 +119,7 @@ def _replication_findings(
             connect_timeout_s=loaded.postgres.connect_timeout_s,
         )
     except AllocatorError as exc:
-        return warnings, [f"postgres.url: cannot check replication: {exc}"], None
+        return warnings, [f"postgres.url: cannot check replication: {errors.describe(exc)}"], None
     if replication.asynchronous and not allowed:
         problem = (
             f"the database replicates asynchronously ({replication.describe()}): nodes will "

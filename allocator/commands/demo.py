@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import click
 
 from allocator.commands.local import render
+from allocator.commands.ranges import FiniteFloatRange
 from allocator.local.cluster import LocalCluster
 from allocator.local.processes import is_pid_alive
 
@@ -54,7 +55,12 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     help="State folder of the demo cluster.",
 )
 @click.option("--zk", "zk_servers", type=click.Choice(["1", "3"]), default="3")
-@click.option("--phase-s", type=float, default=6.0, help="Seconds before and after the kill.")
+@click.option(
+    "--phase-s",
+    type=FiniteFloatRange(0.0, 600.0),
+    default=6.0,
+    help="Seconds before and after the kill.",
+)
 @click.option(
     "--keep", is_flag=True, help="Leave the cluster running (stop: allocator local down)."
 )
@@ -86,9 +92,10 @@ def demo(state_dir: Path, zk_servers: str, phase_s: float, keep: bool) -> None:
 
 def _failover_story(cluster: LocalCluster, info: ClusterInfo, phase_s: float) -> None:
     import psycopg
-    from kazoo.client import KazooClient
 
-    zk = KazooClient(hosts=info.to_json()["node_zk_hosts"], timeout=10.0)
+    from allocator import zkclient
+
+    zk = zkclient.client_for(info.node_zk_hosts, info.zk_auth, timeout_s=10.0)
     zk.start(timeout=15.0)
     try:
         with psycopg.connect(info.database_url, autocommit=True) as admin:

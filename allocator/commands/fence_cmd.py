@@ -36,8 +36,10 @@ Rules:
   environment).
 - The reason is checked here (1..1000 characters, not only blanks) and again by the SQL
   function (AL106 → :class:`~allocator.errors.InvalidRequestError`).
-- The database URL is ``--database-url`` (``ALLOCATOR_FENCE_REBASE_DATABASE_URL``), else
-  ``postgres.url``: a login role granted ``allocator_operator``, which the audit records.
+- The database URL is ``--database-url`` (``ALLOCATOR_FENCE_REBASE_DATABASE_URL``) or
+  ``--database-url-file``, else ``postgres.url``: a login role granted
+  ``allocator_operator``, which the audit records. A URL with a password is refused on the
+  command line (:mod:`allocator.commands.options`).
   ZooKeeper comes from ``zookeeper.hosts`` (chroot included), ``zookeeper.auth`` (znodes
   created here carry the cluster's digest ACL) and ``zookeeper.election_path``.
 - Output: what happened, for people; ``--json`` for machines. Errors: one line, no
@@ -61,6 +63,7 @@ from kazoo.security import ACL
 
 from allocator import config as config_mod
 from allocator import db, fence, status
+from allocator.commands import options
 from allocator.config import Config
 from allocator.errors import AllocatorError, UsageError
 
@@ -349,16 +352,14 @@ def audited_options(record: str) -> Callable[[Callable[..., Any]], Callable[...,
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         for option in reversed(
             [
-                click.option(
+                options.typed_option(
                     "--reason",
                     required=True,
-                    allow_from_autoenv=False,
                     help=f"Why (1..1000 characters); recorded with who and when in {record}.",
                 ),
-                click.option(
+                options.typed_option(
                     "--yes",
                     is_flag=True,
-                    allow_from_autoenv=False,
                     help="Confirm without a prompt (needed when stdin is not a terminal).",
                 ),
                 click.option(
@@ -368,12 +369,9 @@ def audited_options(record: str) -> Callable[[Callable[..., Any]], Callable[...,
                     show_envvar=True,
                     help="Print one JSON object.",
                 ),
-                click.option(
-                    "--database-url",
-                    default=None,
-                    show_envvar=True,
+                options.database_url_option(
                     help="PostgreSQL URL of a login role granted allocator_operator. "
-                    "[default: config postgres.url]",
+                    "[default: config postgres.url]"
                 ),
                 config_mod.config_options,
             ]
@@ -411,11 +409,8 @@ def rebase_command(
 
 @fence_group.command("status")
 @click.option("--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object.")
-@click.option(
-    "--database-url",
-    default=None,
-    show_envvar=True,
-    help="PostgreSQL URL (operator or node role). [default: config postgres.url]",
+@options.database_url_option(
+    help="PostgreSQL URL (operator or node role). [default: config postgres.url]"
 )
 @config_mod.config_options
 def status_command(

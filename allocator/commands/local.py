@@ -3,11 +3,16 @@
 Rules: a thin layer over :class:`allocator.local.cluster.LocalCluster`; every subcommand
 takes ``--state-dir`` (default ``.run``, env ``ALLOCATOR_LOCAL_STATE_DIR``), so several
 clusters run side by side and any shell can inspect or stop one. ``up`` and ``status`` print
-a short table, or with ``--json`` one object with DESIGN §10's keys (the nodes' admin token
-appears only there). ``up`` runs 3 nodes for a new cluster (``--nodes``; as recorded for an
-existing one). The drill commands act on one process by its recorded pid: ``zk-stop``/
-``zk-start``, ``pg-stop``/``pg-start``, ``node-stop``/``node-start`` (through the node
-supervisor, which then neither restarts nor forgets the node) and ``node-signal``.
+a short table, or with ``--json`` one object with DESIGN §10's keys. Neither prints a
+secret: the cluster's URLs carry no password (``trust`` on loopback) and the nodes' admin
+token and ZooKeeper identity stay in ``<state>/cluster.json`` (mode 0600: ``admin_token``,
+``zk_auth``), where a shell that needs them reads them. ``up --node-env`` refuses a secret
+variable on the command line; ``down --purge`` and ``up --node-command`` are never read from
+the environment (:mod:`allocator.commands.options`). ``up`` runs 3 nodes for a new cluster
+(``--nodes``; as recorded for an existing one). The drill commands act on one process by
+its recorded pid: ``zk-stop``/``zk-start``, ``pg-stop``/``pg-start``,
+``node-stop``/``node-start`` (through the node supervisor, which then neither restarts nor
+forgets the node) and ``node-signal``.
 Errors are :class:`allocator.errors.AllocatorError` subclasses: one line, non-zero exit.
 """
 
@@ -21,6 +26,7 @@ from typing import Any
 
 import click
 
+from allocator.commands import options
 from allocator.errors import UsageError
 from allocator.local import nodes as nodes_mod
 from allocator.local import postgres
@@ -100,10 +106,9 @@ def local() -> None:
     help=f"The nodes' ZooKeeper session timeout. [default: "
     f"{nodes_mod.DEFAULT_SESSION_TIMEOUT_MS}, or as recorded]",
 )
-@click.option(
+@options.typed_option(
     "--node-command",
     default=None,
-    show_envvar=True,
     help="Command line of each node, split like a shell would. [default: "
     "`<this python> -m allocator.cli run`, or as recorded]",
 )
@@ -113,8 +118,10 @@ def local() -> None:
     multiple=True,
     metavar="NAME=VALUE",
     show_envvar=True,
+    callback=options.no_secret_pairs,
     help="An extra environment variable for every node (e.g. ALLOCATOR_POOL_MIN_BLOCKS=8); "
-    "repeatable; replaces the recorded set when given.",
+    "repeatable; replaces the recorded set when given. No secret here: a secret variable "
+    "(ALLOCATOR_ZOOKEEPER_AUTH, ...) comes through ALLOCATOR_LOCAL_UP_NODE_ENV.",
 )
 @click.option(
     "--pg-standby",
@@ -147,7 +154,10 @@ def up(
     migrate: bool,
 ) -> None:
     """Start the cluster (or what of it is not running), wait until it serves, start nodes."""
-    command = shlex.split(node_command) if node_command is not None else None
+    try:
+        command = shlex.split(node_command) if node_command is not None else None
+    except ValueError as exc:  # an unclosed quote or a trailing backslash
+        raise UsageError(f"--node-command cannot be split like a shell would: {exc}") from None
     if command is not None and not command:
         raise UsageError("--node-command is empty")
     cluster = LocalCluster(
@@ -186,10 +196,9 @@ def status(state_dir: Path, as_json: bool) -> None:
 
 @local.command("down")
 @_state_dir_option
-@click.option(
+@options.typed_option(
     "--purge",
     is_flag=True,
-    show_envvar=True,
     help="Also delete the cluster's data (ZooKeeper and PostgreSQL folders, the record).",
 )
 def down(state_dir: Path, purge: bool) -> None:

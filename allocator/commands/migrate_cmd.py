@@ -1,9 +1,14 @@
 """``allocator migrate``: bring the database schema to the newest revision.
 
-Rules: the database URL is the config's ``postgres.url`` (file, ``ALLOCATOR_POSTGRES_URL``,
-``--set``), or ``--database-url``, which wins; it must be a role allowed to create the schema
-and roles (the schema owner, not ``allocator_node``). Upgrading is idempotent. Going down to
-``base`` drops every block and the fence, so it needs ``--yes``.
+Rules: the database URL is the config's ``postgres.url`` (file, ``ALLOCATOR_POSTGRES_URL``),
+or ``--database-url`` / ``ALLOCATOR_MIGRATE_DATABASE_URL`` / ``--database-url-file``, which
+win; it must be a role allowed to create the schema and roles: a superuser, or a CREATEROLE
+login that is (or may become) a member of ``allocator_owner``, the NOLOGIN role that owns the
+schema (docs/sql.md, "Who runs the migrations"); never ``allocator_node``. A URL with a
+password is refused on the command line (see :mod:`allocator.commands.options`). Upgrading
+is idempotent. Going down to ``base`` drops every block and the fence, so it needs ``--yes``;
+neither ``--to`` nor ``--yes`` is ever read from the environment (``ALLOCATOR_MIGRATE_YES=1``
+does nothing).
 """
 
 from __future__ import annotations
@@ -13,24 +18,20 @@ from pathlib import Path
 import click
 
 from allocator import config as config_mod
+from allocator.commands import options
 from allocator.errors import UsageError
 
 
 @click.command("migrate")
-@click.option(
-    "--database-url",
-    envvar=None,
-    help="PostgreSQL URL of the schema owner (overrides postgres.url).",
-)
-@click.option(
+@options.database_url_option(help="PostgreSQL URL of the schema owner (overrides postgres.url).")
+@options.typed_option(
     "--to",
     "target",
     type=click.Choice(["head", "base"]),
     default="head",
-    allow_from_autoenv=False,  # a destructive choice is typed each time (STYLE.md)
     help="head: newest schema; base: remove the allocator schema (needs --yes).",
 )
-@click.option("--yes", is_flag=True, allow_from_autoenv=False, help="Confirm a downgrade to base.")
+@options.typed_option("--yes", is_flag=True, help="Confirm a downgrade to base.")
 @click.option("--check", is_flag=True, help="Only report; exit 1 when the schema is behind.")
 @config_mod.config_options
 def migrate_command(

@@ -35,7 +35,8 @@ from typing import Any
 import click
 
 from allocator import config as config_mod
-from allocator import db, fence, status
+from allocator import db, fence, status, zkclient
+from allocator.commands import options
 from allocator.commands.fence_cmd import (
     audited_options,
     check_confirmable,
@@ -118,6 +119,9 @@ def reset(config: Config, url: str, reason: str, yes: bool) -> Outcome:
         acl = status.digest_acl(config)
         try:
             with status.zookeeper_errors(config, f"write the generation into {znode}"):
+                # The chroot's parents keep the open ACL (others may share them): only the
+                # chroot and what lies below it get ours.
+                zkclient.ensure_chroot(client, chroot, acl, lambda p: status.wait(p, config))
                 status.wait(client.ensure_path_async(election_path, acl=acl), config)
                 written = write_generation(client, znode, result.new_generation, acl, config)
         except AllocatorError as exc:
@@ -152,10 +156,9 @@ def pool_group() -> None:
 
 
 @pool_group.command("reset")
-@click.option(
+@options.typed_option(
     "--after-restore",
     is_flag=True,
-    allow_from_autoenv=False,
     help="Required: the database was restored from a backup or failed over to a standby "
     "that missed commits.",
 )

@@ -2,28 +2,27 @@
 
 Rules: every setting comes from the config (file < ``ALLOCATOR_*`` < ``--set`` < the flags
 here); ``--check`` validates, prints the effective config with secrets masked and exits.
+Without ``zookeeper.auth`` both refuse (exit 78) unless ``zookeeper.insecure`` is set
+(:func:`allocator.zkclient.check_node`); the node then warns at every start.
 SIGTERM and SIGINT stop the node gracefully (a leader hands over at once). The process exit
 code is the node's: 0 stopped, 3 session lost, 4 fenced (see ``allocator.node``).
 
 This is the composition root (DESIGN §1): the only module that knows both the allocator core
 and the ``jobs`` package. :func:`build_node` wires a node from a config; tests that need a
 deliberately broken node build their own collaborators through the same seams
-(``tests/chaos``), never through a switch in the product.
-
-Test hook, for the chaos tests (tests/chaos) only: ignored unless set, logged as a WARNING
-``event=test_hook_enabled`` at start: ``ALLOCATOR_TEST_EXPOSE_SESSION=1`` adds the ZooKeeper
-session password to ``/status``. Never set it in production. (Skewed clocks are made with
-libfaketime and broken nodes are built in ``tests/``, not by switches here.)
+(``tests/chaos``), never through a switch in the product: this command reads no
+test-only variable (skewed clocks come from libfaketime, broken nodes are built in
+``tests/``, and a test that must expire a node's session reads the node's session file,
+see :mod:`allocator.session_file`).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any
@@ -32,7 +31,6 @@ import click
 
 from allocator import config as config_mod
 from allocator import logs
-from allocator.errors import UsageError
 
 if TYPE_CHECKING:
     from allocator.config import Config
@@ -40,42 +38,27 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# -- test hooks (tests/chaos only) --------------------------------------------------------
-TEST_EXPOSE_SESSION_ENV = "ALLOCATOR_TEST_EXPOSE_SESSION"
-
-
-def _test_flag(environ: Mapping[str, str], name: str) -> bool:
-    value = environ.get(name, "")
-    if value not in ("", "0", "1"):
-        raise UsageError(f"{name} must be 0 or 1 (got {value!r})")
-    if value == "1":
-        log.warning("event=test_hook_enabled hook=%s: TEST ONLY, never in production", name)
-    return value == "1"
-
 
 def zookeeper_factory(config: Config, *, root: bool = False) -> Callable[[], Any]:
-    """Builds a fresh kazoo client for the node's cluster (one per session, see the node);
-    ``root``: without the chroot (only to recreate the chroot after an ensemble wipe)."""
-    from kazoo.client import KazooClient
+    """Builds a fresh kazoo client for the node's cluster (one per session, see the node),
+    authenticated and with the cluster's ACL (:func:`allocator.zkclient.client`); ``root``:
+    without the chroot (only to recreate the chroot after an ensemble wipe)."""
     from kazoo.retry import KazooRetry
 
-    zk = config.zookeeper
-    hosts = zk.hosts.partition("/")[0] if root else zk.hosts
+    from allocator import zkclient
 
     def make() -> Any:
-        auth = zk.auth.get_secret_value()
-        return KazooClient(
-            hosts=hosts,
-            timeout=zk.session_timeout_ms / 1000,
+        return zkclient.client(
+            config,
+            chroot=not root,
             connection_retry=KazooRetry(
                 max_tries=-1,
                 delay=0.1,
                 backoff=2,
                 max_jitter=0.4,
-                max_delay=zk.max_reconnect_delay_s,
+                max_delay=config.zookeeper.max_reconnect_delay_s,
             ),
             command_retry=KazooRetry(max_tries=3, delay=0.1, backoff=2, max_delay=1.0),
-            auth_data=[("digest", auth)] if auth else None,
         )
 
     return make
@@ -85,7 +68,6 @@ def build_node(
     config: Config,
     *,
     now_ms: Callable[[], int] | None = None,
-    expose_session_password: bool = False,
     store: Any = None,
     term_factory: Any = None,
     jobs_factory: Any = None,
@@ -118,7 +100,6 @@ def build_node(
         metrics=metrics,
         now_ms=clock,
         term_factory=term_factory or Term,
-        expose_session_password=expose_session_password,
     )
 
 
@@ -156,14 +137,17 @@ def run(
     set_pairs: tuple[str, ...],
 ) -> None:
     """Run an allocator node: join the election, and cut blocks while leading."""
+    from allocator import zkclient
+
     config = load(name, admin_address, on_session_loss, log_format, config_path, set_pairs)
+    zkclient.check_node(config)  # the node would refuse to start: so does --check
     if check:
         click.echo(json.dumps(config.masked_dict(), indent=2, default=str))
+        for warning in zkclient.warnings(config):
+            click.echo(f"warning: {warning}", err=True)
         return
     logs.configure(config.node.log_format)
-    serve(
-        build_node(config, expose_session_password=_test_flag(os.environ, TEST_EXPOSE_SESSION_ENV))
-    )
+    serve(build_node(config))
 
 
 def load(

@@ -6,7 +6,10 @@ znodes' data) over its admin HTTP with ``node.admin_token``; ``--json`` prints D
 ``watch`` prints a line per change of leader, epoch or fence as it happens and a pool line
 every few seconds, and stops after ``--duration`` seconds or on Ctrl-C. A fence ahead of
 ZooKeeper (no node can take it until an operator re-bases it) is one loud line in both
-views, never buried in a table: it stops all cutting.
+views, never buried in a table: it stops all cutting. Election znodes that are ignored for
+the order or whose data does not parse are shown (``election`` in the JSON), and
+step-down refuses a leader whose data does not parse rather than send the token to an
+address someone else wrote.
 """
 
 from __future__ import annotations
@@ -21,6 +24,8 @@ from typing import Any
 import click
 
 from allocator import config as config_mod
+from allocator import errors
+from allocator.commands.ranges import FiniteFloatRange
 from allocator.errors import AllocatorError, UsageError
 
 WATCH_INTERVAL_S = 0.25
@@ -50,6 +55,8 @@ def status(as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]) 
         click.echo("leader      none")
     contenders = ", ".join(_contender(c) for c in data["contenders"]) or "none"
     click.echo(f"contenders  {contenders}")
+    for line in election_lines(data["election"]):
+        click.echo(line)
     for line in fence_lines(data["fence"]):
         click.echo(line)
     pool = data["pool"]
@@ -74,7 +81,23 @@ def _contender(contender: dict[str, Any]) -> str:
         for key, what, bad in (("db_ok", "db", "down"), ("clock_ok", "clock", "skewed"))
         if contender[key] is not True
     ]
+    if contender["problem"]:
+        notes.insert(0, "data unparsable")
     return f"{contender['name']} ({', '.join(notes)})" if notes else str(contender["name"])
+
+
+def election_lines(election: dict[str, Any]) -> list[str]:
+    """The text view of the ``election`` object: one line per znode that is ignored or
+    whose data does not parse (nothing when all is well)."""
+    lines = [
+        f"!! election znode {entry['znode']}: data does not parse ({entry['problem']}); it "
+        "keeps its place in the queue"
+        for entry in election["unparsable"]
+    ]
+    lines += [
+        f"election    ignored {entry['znode']} ({entry['reason']})" for entry in election["ignored"]
+    ]
+    return lines
 
 
 def fence_lines(report: dict[str, Any]) -> list[str]:
@@ -125,7 +148,12 @@ def ahead_line(report: dict[str, Any]) -> str:
 
 
 @click.command("watch")
-@click.option("--duration", type=float, default=None, help="Stop after this many seconds.")
+@click.option(
+    "--duration",
+    type=FiniteFloatRange(min=0.0),
+    default=None,
+    help="Stop after this many seconds.",
+)
 @config_mod.config_options
 def watch(duration: float | None, config_path: Path | None, set_pairs: tuple[str, ...]) -> None:
     """Live view of leadership and pool: handovers as they happen."""
@@ -135,15 +163,17 @@ def watch(duration: float | None, config_path: Path | None, set_pairs: tuple[str
     started = time.monotonic()
     last_leader: tuple[object, ...] | None = None
     last_fence: tuple[object, ...] | None = None
+    last_election: list[str] = []
     last_pool_line = 0.0
     try:
         while duration is None or time.monotonic() - started < duration:
             try:
                 data = gather(config, history_limit=1, rebase_limit=0).to_json()
             except AllocatorError as exc:
-                click.echo(f"{_now()} unavailable: {exc}")
+                click.echo(f"{_now()} unavailable: {errors.describe(exc)}")
                 time.sleep(1.0)
                 continue
+            last_election = _watch_election(data["election"], last_election)
             leader = data["leader"]
             key = (leader and leader["name"], leader and leader["epoch"])
             if key != last_leader:
@@ -162,7 +192,12 @@ def watch(duration: float | None, config_path: Path | None, set_pairs: tuple[str
 
 
 @click.command("step-down")
-@click.option("--timeout", type=float, default=5.0, help="HTTP timeout in seconds.")
+@click.option(
+    "--timeout",
+    type=FiniteFloatRange(0.0, 3600.0, min_open=True),
+    default=5.0,
+    help="HTTP timeout in seconds.",
+)
 @config_mod.config_options
 def step_down(timeout: float, config_path: Path | None, set_pairs: tuple[str, ...]) -> None:
     """Ask the current leader to hand over at once (needs node.admin_token)."""
@@ -175,6 +210,12 @@ def step_down(timeout: float, config_path: Path | None, set_pairs: tuple[str, ..
     contenders = read_contenders_once(config)
     if not contenders:
         raise AllocatorError("no node is in the election")
+    if contenders[0].problem is not None:
+        # Not what our nodes write: do not send the token to an address someone else chose.
+        raise AllocatorError(
+            f"the leader's znode {contenders[0].znode} holds data that does not parse "
+            f"({contenders[0].problem}); not sending the admin token anywhere"
+        )
     leader = contenders[0].identity
     if not leader.admin_address.startswith("http://"):
         raise AllocatorError(f"leader {leader.name} publishes no admin URL")
@@ -195,6 +236,15 @@ def step_down(timeout: float, config_path: Path | None, set_pairs: tuple[str, ..
             f"cannot reach leader {leader.name} at {leader.admin_address}"
         ) from exc
     click.echo(f"{leader.name} is stepping down: {body}")
+
+
+def _watch_election(election: dict[str, Any], last: list[str]) -> list[str]:
+    """Prints the election's problem lines when they change."""
+    lines = election_lines(election)
+    if lines != last:
+        for line in lines:
+            click.echo(f"{_now()} {line}")
+    return lines
 
 
 def _watch_fence(report: dict[str, Any], last: tuple[object, ...] | None) -> tuple[object, ...]:

@@ -6,7 +6,9 @@ Rules:
 - Everything lives in the state folder: ``cluster.json`` (the record), ``.lock``,
   ``zk/<id>/``, ``pg/`` and ``nodes/`` (see ``deploy/local/README.md``). Several clusters
   run side by side in different state folders; every port is picked free at creation and
-  then recorded.
+  then recorded. A folder with no record (or none at all) is "no local cluster in DIR"; a
+  path that cannot be a folder (under a file, a name too long) is "cannot use DIR as a
+  state folder": both :class:`LocalClusterError`, never an ``OSError``.
 - ``cluster.json`` is the one source of truth for what was started and what is wanted:
   ports, tick, OS user, for every server and for the node supervisor its pid and argv, and
   for every node its spec and desired state (:mod:`allocator.local.nodes`). It is rewritten
@@ -23,7 +25,13 @@ Rules:
   Prerequisites and ports are checked before anything starts, and a failing server start
   stops what it started itself, so it leaves nothing half-running behind. Then migrations
   (optional), the login roles (``allocator_node_login``, ``allocator_app``; created when
-  their groups exist), then the nodes.
+  their groups exist), then the nodes' chroot ``/allocator`` with the cluster's ZooKeeper
+  ACL, then the nodes.
+- ZooKeeper ACLs by default: a new cluster gets a random digest identity (``zk_auth``),
+  recorded in ``cluster.json`` (like the admin token; the record is written mode 0600) and
+  given to the nodes as ``ALLOCATOR_ZOOKEEPER_AUTH`` in their environment, never on a
+  command line. ``ClusterInfo.zk_auth`` hands it to in-process tools (demo, drill,
+  tests); :meth:`ClusterInfo.to_json` never prints it.
 - Nodes (``nodes`` > 0) run under a supervisor process (:mod:`allocator.local.supervisor`)
   that restarts any node that exits. Node settings (count, command, extra environment,
   session timeout) are recorded; ``up`` with other settings restarts the supervisor and its
@@ -68,6 +76,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from allocator.config import process_environment
 from allocator.errors import LocalClusterError, ServerStartError, UsageError
 from allocator.local import nodes as nodes_mod
 from allocator.local import ports, postgres, processes, zookeeper
@@ -194,7 +203,9 @@ class ClusterInfo:
 
     ``node_zk_hosts``, ``node_database_url`` are what the nodes use (the cluster's chroot,
     the ``allocator_node_login`` role); ``consumer_database_url`` is for applications
-    (``allocator_app``, may only claim). ``admin_token`` authorises node admin actions.
+    (``allocator_app``, may only claim). ``admin_token`` authorises node admin actions: for
+    in-process tools only, never in :meth:`to_json` (a shell reads it from ``cluster.json``,
+    mode 0600). The URLs carry no password (``trust`` on loopback, :mod:`.postgres`).
     """
 
     state_dir: Path
@@ -207,7 +218,11 @@ class ClusterInfo:
     node_zk_hosts: str = ""
     node_database_url: str = ""
     consumer_database_url: str = ""
-    admin_token: str = ""
+    admin_token: str = field(default="", repr=False)
+    zk_auth: str = field(default="", repr=False)
+    """The nodes' ``zookeeper.auth``: every client of ``node_zk_hosts`` needs it. Kept in
+    ``cluster.json`` (mode 0600), handed to the nodes in their environment, and never
+    printed (not in :meth:`to_json`)."""
     session_timeout_ms: int = nodes_mod.DEFAULT_SESSION_TIMEOUT_MS
     supervisor_pid: int | None = None
     pg_servers: tuple[PostgresInfo, ...] = ()
@@ -242,7 +257,6 @@ class ClusterInfo:
             "node_zk_hosts": self.node_zk_hosts,
             "node_database_url": self.node_database_url,
             "consumer_database_url": self.consumer_database_url,
-            "admin_token": self.admin_token,
             "session_timeout_ms": self.session_timeout_ms,
             "supervisor_pid": self.supervisor_pid,
             "tick_ms": self.tick_ms,
@@ -314,6 +328,8 @@ class _State:
     created_at: str
     admin_token: str
     nodes: list[nodes_mod.NodeSpec] = field(default_factory=list)
+    zk_auth: str = ""
+    """The cluster's ZooKeeper digest identity ``user:password`` (``zookeeper.auth``)."""
     node_generation: int = 0
     supervisor: _Proc = field(default_factory=_Proc)
     # Node settings as asked for; None: the default (resolved when the specs are built).
@@ -362,6 +378,7 @@ class _State:
             "postgres": self.postgres.to_json(),
             "pg_standby": self.standby.to_json() if self.standby is not None else None,
             "admin_token": self.admin_token,
+            "zk_auth": self.zk_auth,
             "node_command": self.node_command,
             "node_env": self.node_env,
             "session_timeout_ms": self.session_timeout_ms,
@@ -403,6 +420,8 @@ class _State:
             created_at=str(raw.get("created_at", "")),
             # Records from before the nodes had none; one is made up when nodes first start.
             admin_token=str(raw.get("admin_token", "")),
+            # Records from before ZooKeeper ACLs had none; one is made up at the next `up`.
+            zk_auth=str(raw.get("zk_auth", "")),
             nodes=[nodes_mod.NodeSpec.from_json(n) for n in raw.get("nodes", [])],
             node_generation=int(raw.get("node_generation", 0)),
             supervisor=_Proc(supervisor.get("pid"), [str(a) for a in supervisor.get("argv", [])]),
@@ -503,7 +522,10 @@ class LocalCluster:
 
     def exists(self) -> bool:
         """True if a cluster is recorded in the state folder."""
-        return self.state_file.is_file()
+        try:
+            return self.state_file.is_file()
+        except OSError as exc:  # e.g. a name too long: no cluster can be recorded there
+            raise self._unusable(exc) from exc
 
     def up(self, migrate: bool = True, nodes: int | None = None) -> ClusterInfo:
         """Start whatever is not running, wait until it serves, apply migrations, start nodes.
@@ -513,7 +535,10 @@ class LocalCluster:
         """
         _check_node_count(nodes)
         count = nodes if nodes is not None else self._nodes
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.state_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # under a file, a name too long, no permission
+            raise self._unusable(exc) from exc
         with self._locked():
             state = self._load()
             if state is None:
@@ -742,6 +767,7 @@ class LocalCluster:
             postgres=_PgRecord(pg_port, str(postgres.pg_dir(self.state_dir) / "data"), _Proc()),
             created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             admin_token=_new_token(),
+            zk_auth=_new_zk_auth(),
         )
 
     def _check_request(self, state: _State) -> None:
@@ -962,8 +988,12 @@ class LocalCluster:
         # The nodes' chroot exists whatever the count, so node_zk_hosts works for nodes
         # started by hand (``allocator run``) next to a cluster brought up with none. A
         # running supervisor's nodes made it already.
+        if not state.zk_auth:
+            state.zk_auth = _new_zk_auth()
         if not supervising:
-            zookeeper.ensure_path(_zk_hosts(state), nodes_mod.DEFAULT_CHROOT, self._start_timeout_s)
+            zookeeper.ensure_chroot(
+                _zk_hosts(state), nodes_mod.DEFAULT_CHROOT, state.zk_auth, self._start_timeout_s
+            )
         if not wanted:
             self._save(state)
             return
@@ -979,7 +1009,7 @@ class LocalCluster:
         daemon = processes.start(
             nodes_mod.supervisor_command(self.state_dir),
             log_path=nodes_mod.supervisor_log_path(self.state_dir),
-            env=nodes_mod.base_env(os.environ),
+            env=nodes_mod.base_env(process_environment()),
             cwd=self.state_dir,
         )
         state.supervisor = _Proc(daemon.pid, list(daemon.argv))
@@ -1023,7 +1053,9 @@ class LocalCluster:
                 postgres_url=db_url,
                 admin_port=port,
                 admin_token=state.admin_token,
+                zk_auth=state.zk_auth,
                 session_timeout_ms=timeout_ms,
+                state_dir=nodes_mod.node_state_dir(self.state_dir, name),
                 extra=state.node_env,
             )
             specs.append(nodes_mod.NodeSpec(name, port, list(argv), env))
@@ -1177,7 +1209,14 @@ class LocalCluster:
     @contextlib.contextmanager
     def _locked(self) -> Iterator[None]:
         path = self.state_dir / LOCK_FILE
-        with path.open("a") as handle:
+        try:
+            handle = path.open("a")
+        except (FileNotFoundError, NotADirectoryError):
+            self._require_state()  # no folder, so no cluster recorded: say that
+            raise
+        except OSError as exc:
+            raise self._unusable(exc) from exc
+        with handle:
             deadline = time.monotonic() + LOCK_TIMEOUT_S
             while True:
                 try:
@@ -1197,8 +1236,10 @@ class LocalCluster:
     def _load(self) -> _State | None:
         try:
             text = self.state_file.read_text()
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
             return None
+        except OSError as exc:
+            raise self._unusable(exc) from exc
         try:
             return _State.from_json(json.loads(text))
         except (ValueError, KeyError, TypeError) as exc:
@@ -1206,6 +1247,11 @@ class LocalCluster:
                 f"{self.state_file} is not a valid cluster record ({exc}); stop the processes "
                 "it lists by their pids, then remove it"
             ) from exc
+
+    def _unusable(self, exc: OSError) -> LocalClusterError:
+        return LocalClusterError(
+            f"cannot use {self.state_dir} as a state folder: {exc.strerror or exc}"
+        )
 
     def _require_state(self) -> _State:
         state = self._load()
@@ -1217,8 +1263,13 @@ class LocalCluster:
         return state
 
     def _save(self, state: _State) -> None:
+        # Mode 0600: the record holds the cluster's secrets (admin token, ZooKeeper identity).
         tmp = self.state_file.with_name(STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(state.to_json(), indent=2) + "\n")
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()  # a leftover could carry wider permissions
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(state.to_json(), indent=2) + "\n")
         tmp.replace(self.state_file)
 
     def _pg_info(self, state: _State) -> tuple[PostgresInfo, ...]:
@@ -1260,6 +1311,7 @@ class LocalCluster:
                 nodes_mod.CONSUMER_LOGIN_ROLE, pg_ports, postgres.DATABASE
             ),
             admin_token=state.admin_token,
+            zk_auth=state.zk_auth,
             session_timeout_ms=state.session_timeout_ms or nodes_mod.DEFAULT_SESSION_TIMEOUT_MS,
             supervisor_pid=state.supervisor.pid if state.supervisor.alive() else None,
         )
@@ -1333,6 +1385,11 @@ def _discard_data(data_dir: Path) -> None:
 
 def _new_token() -> str:
     return secrets.token_urlsafe(24)
+
+
+def _new_zk_auth() -> str:
+    """A random digest identity ``allocator-<hex>:<password>`` for one cluster."""
+    return f"allocator-{secrets.token_hex(4)}:{secrets.token_urlsafe(24)}"
 
 
 def _zk_record(state: _State, server_id: int) -> _ZkRecord:

@@ -8,8 +8,12 @@ Rules:
   (the ensemble plus the cluster's chroot, ``/allocator``), ``ALLOCATOR_POSTGRES_URL`` (the
   login role ``allocator_node_login``), ``ALLOCATOR_NODE_NAME``,
   ``ALLOCATOR_NODE_ADMIN_ADDRESS`` (``127.0.0.1:<recorded port>``),
-  ``ALLOCATOR_NODE_ADMIN_TOKEN`` (one random token per cluster) and
-  ``ALLOCATOR_ZOOKEEPER_SESSION_TIMEOUT_MS``, then the caller's extra variables, which win.
+  ``ALLOCATOR_NODE_ADMIN_TOKEN`` (one random token per cluster),
+  ``ALLOCATOR_ZOOKEEPER_AUTH`` (the cluster's random digest identity: the nodes' znodes
+  carry its ACL),
+  ``ALLOCATOR_ZOOKEEPER_SESSION_TIMEOUT_MS`` and ``ALLOCATOR_NODE_STATE_DIR``
+  (``<state>/nodes/state/<name>``, where the node keeps its session file), then the
+  caller's extra variables, which win.
   Every other ``ALLOCATOR_*`` variable of the caller's environment is dropped, so a stray
   ``ALLOCATOR_CONFIG`` in a shell cannot reconfigure the nodes.
 - Two files, one writer each, both replaced atomically (write a temp file, rename):
@@ -24,8 +28,9 @@ Rules:
   so argv alone cannot tell a recycled pid from a node (see :mod:`allocator.local.processes`).
 - Exit codes follow ``subprocess``: negative means killed by that signal (-9: SIGKILL).
 - Layout: ``<state>/nodes/`` holds ``<name>.log`` (each node's stdout and stderr, appended
-  across restarts), ``supervisor.log``, ``nodes.json`` and ``supervisor.lock`` (held by the
-  one running supervisor).
+  across restarts), ``state/<name>/`` (the node's own state folder, mode 0700, created by
+  the node), ``supervisor.log``, ``nodes.json`` and ``supervisor.lock`` (held by the one
+  running supervisor).
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ log = logging.getLogger(__name__)
 
 NODES_DIR = "nodes"
 RUNTIME_FILE = "nodes.json"
+NODE_STATE_DIR = "state"
 SUPERVISOR_LOG = "supervisor.log"
 SUPERVISOR_LOCK = "supervisor.lock"
 RUNTIME_VERSION = 1
@@ -96,6 +102,11 @@ def log_path(state_dir: Path, name: str) -> Path:
     return nodes_dir(state_dir) / f"{name}.log"
 
 
+def node_state_dir(state_dir: Path, name: str) -> Path:
+    """``<state>/nodes/state/<name>``: the node's ``node.state_dir`` (its session file)."""
+    return nodes_dir(state_dir) / NODE_STATE_DIR / name
+
+
 def runtime_path(state_dir: Path) -> Path:
     """``<state>/nodes/nodes.json``, written by the supervisor only."""
     return nodes_dir(state_dir) / RUNTIME_FILE
@@ -130,17 +141,22 @@ def node_env(
     postgres_url: str,
     admin_port: int,
     admin_token: str,
+    zk_auth: str,
     session_timeout_ms: int,
+    state_dir: Path,
     extra: Mapping[str, str],
 ) -> dict[str, str]:
-    """The variables that configure one node (``extra`` wins)."""
+    """The variables that configure one node (``extra`` wins); ``state_dir`` is the node's
+    own (:func:`node_state_dir`), not the cluster's."""
     env = {
         "ALLOCATOR_ZOOKEEPER_HOSTS": zk_hosts,
         "ALLOCATOR_POSTGRES_URL": postgres_url,
         "ALLOCATOR_NODE_NAME": name,
         "ALLOCATOR_NODE_ADMIN_ADDRESS": f"{LOOPBACK}:{admin_port}",
         "ALLOCATOR_NODE_ADMIN_TOKEN": admin_token,
+        "ALLOCATOR_ZOOKEEPER_AUTH": zk_auth,
         "ALLOCATOR_ZOOKEEPER_SESSION_TIMEOUT_MS": str(session_timeout_ms),
+        "ALLOCATOR_NODE_STATE_DIR": str(state_dir),
     }
     env.update(extra)
     return env

@@ -61,6 +61,7 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
+from allocator.config import process_environment
 from allocator.errors import LocalClusterError, PrerequisiteError, ServerStartError
 from allocator.local import processes
 from allocator.local.ports import LOOPBACK
@@ -100,7 +101,7 @@ def find_bin_dir(override: Path | None = None) -> Path:
     candidates: list[Path] = []
     if override is not None:
         candidates.append(override)
-    elif env := os.environ.get(BIN_DIR_ENV):
+    elif env := process_environment().get(BIN_DIR_ENV):
         candidates.append(Path(env))
     else:
         versions = sorted(

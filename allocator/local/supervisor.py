@@ -48,6 +48,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from allocator import logs
+from allocator.config import process_environment
 from allocator.errors import AllocatorError
 from allocator.local import nodes, processes
 
@@ -59,7 +61,6 @@ BACKOFF_MAX_S = 2.0
 BACKOFF_RESET_UPTIME_S = 10.0
 SPAWN_FAILED_EXIT_CODE = 127
 STATE_FILE = "cluster.json"  # the manager's record (allocator.local.cluster.STATE_FILE)
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
 
 @dataclass
@@ -88,7 +89,7 @@ class Supervisor:
     def __init__(self, state_dir: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.state_dir = state_dir
         self._clock = clock
-        self._env = nodes.base_env(os.environ)
+        self._env = nodes.base_env(process_environment())
         self._nodes: dict[str, _Node] = {}
         self._generation = 0
         self._applied = 0
@@ -354,7 +355,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--state-dir", type=Path, required=True)
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format=LOG_FORMAT, stream=sys.stderr)
+    root = logging.getLogger()
+    root.addHandler(logs.handler())  # secrets masked, as every log line of the project
+    root.setLevel(logging.INFO)
     return Supervisor(args.state_dir.resolve()).run()
 
 

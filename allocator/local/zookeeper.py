@@ -40,7 +40,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from allocator.config import process_environment
 from allocator.errors import PrerequisiteError, ServerStartError
 from allocator.local import processes
 from allocator.local.ports import LOOPBACK
@@ -99,7 +101,7 @@ def java_dir(override: Path | None = None) -> Path:
     """The jar folder: ``override``, else ``$ALLOCATOR_ZK_JAVA_DIR``, else /usr/share/java."""
     if override is not None:
         return override
-    env = os.environ.get(JAVA_DIR_ENV)
+    env = process_environment().get(JAVA_DIR_ENV)
     return Path(env) if env else DEFAULT_JAVA_DIR
 
 
@@ -201,7 +203,10 @@ def start(
 ) -> processes.Daemon:
     """Write the config and start server ``me`` as a daemon (not waiting for it)."""
     cfg = write_config(state_dir, me, ensemble, tick_ms)
-    env = {key: os.environ[key] for key in ("PATH", "JAVA_HOME", "LANG") if key in os.environ}
+    environ = process_environment()
+    env: dict[str, str] = {
+        key: environ[key] for key in ("PATH", "JAVA_HOME", "LANG") if key in environ
+    }
     return processes.start(
         command(runtime, cfg),
         log_path=log_path(state_dir, me.id),
@@ -286,18 +291,28 @@ def check_client(hosts: str, timeout_s: float) -> None:
         client.close()
 
 
-def ensure_path(hosts: str, path: str, timeout_s: float) -> None:
-    """Create the znode ``path`` (and its parents) on ``hosts`` if it does not exist."""
-    from kazoo.client import KazooClient
+def ensure_chroot(hosts: str, chroot: str, auth: str, timeout_s: float) -> None:
+    """Create the cluster's ``chroot`` on ``hosts`` (the ensemble, no chroot) if it does not
+    exist: its parents with the open ACL, itself with all rights for the digest identity
+    ``auth`` alone (:mod:`allocator.zkclient`). An existing chroot with another ACL (made
+    by a version without ACLs) gets ours. An empty ``auth`` leaves the chroot open."""
     from kazoo.exceptions import KazooException
     from kazoo.handlers.threading import KazooTimeoutError
 
-    client = KazooClient(hosts=hosts, timeout=max(1.0, timeout_s))
+    from allocator import zkclient
+
+    acl = zkclient.digest_acl(auth)
+    client = zkclient.client_for(hosts, auth, timeout_s=max(1.0, timeout_s))
+
+    def wait(pending: Any) -> Any:
+        return pending.get(timeout=max(1.0, timeout_s))
+
     try:
         client.start(timeout=max(1.0, timeout_s))
-        client.ensure_path(path)
+        if not zkclient.ensure_chroot(client, chroot, acl, wait) and acl is not None:
+            zkclient.take_over(client, chroot, acl, wait)
     except (KazooException, KazooTimeoutError) as exc:
-        raise ServerStartError(f"could not create the znode {path} on {hosts}") from exc
+        raise ServerStartError(f"could not create the znode {chroot} on {hosts}") from exc
     finally:
         client.stop()
         client.close()

@@ -120,7 +120,7 @@ def test_config_check_json(tmp_path: Path) -> None:
 def test_config_check_masks_secrets() -> None:
     env = {
         "ALLOCATOR_POSTGRES_URL": "postgresql://node:hunter2@db:5432/ids",
-        "ALLOCATOR_NODE_ADMIN_TOKEN": "token-42",
+        "ALLOCATOR_NODE_ADMIN_TOKEN": "token-42-0123456789abcdefgh",
         "ALLOCATOR_ZOOKEEPER_AUTH": "zk:zkpass",
     }
     for args in (["config", "check"], ["config", "check", "--json"]):
@@ -228,7 +228,8 @@ def test_config_check_database_refuses_asynchronous_replication(
 
 
 def test_config_check_database_without_standbys_is_valid(db_url: str) -> None:
-    result = run("config", "check", "--database", "--json", env={"ALLOCATOR_POSTGRES_URL": db_url})
+    env = {"ALLOCATOR_POSTGRES_URL": db_url, "ALLOCATOR_ZOOKEEPER_AUTH": "zk:zkpass"}
+    result = run("config", "check", "--database", "--json", env=env)
     assert result.returncode == 0, result.stderr
     document = json.loads(result.stdout)
     assert document["replication"]["standbys"] == 0

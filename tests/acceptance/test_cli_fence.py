@@ -21,9 +21,12 @@ from typing import Any
 import psycopg
 import pytest
 from kazoo.client import KazooClient
+from kazoo.security import OPEN_ACL_UNSAFE
 from psycopg import sql
 
+from allocator import zkclient
 from tests.fixtures.pg import take_fence, url_for_user
+from tests.fixtures.zk import ZK_AUTH
 
 pytestmark = pytest.mark.integration
 
@@ -94,7 +97,7 @@ def operator_url(db_url: str) -> Iterator[str]:
 @pytest.fixture
 def zk(zk_hosts: str) -> Iterator[KazooClient]:
     """A client in the test's chroot, for checking what the command wrote."""
-    client = KazooClient(hosts=zk_hosts)
+    client = KazooClient(hosts=zk_hosts, auth_data=[("digest", ZK_AUTH)])
     client.start(timeout=15)
     yield client
     client.stop()
@@ -110,6 +113,7 @@ def env(db_url: str, zk_hosts: str, operator_url: str) -> dict[str, str]:
         "ALLOCATOR_ZOOKEEPER_HOSTS": zk_hosts + CHROOT,
         "ALLOCATOR_ZOOKEEPER_ELECTION_PATH": ELECTION_PATH,
         "ALLOCATOR_ZOOKEEPER_CONNECT_TIMEOUT_S": "10",
+        "ALLOCATOR_ZOOKEEPER_AUTH": ZK_AUTH,
         "ALLOCATOR_POSTGRES_URL": operator_url,
     }
 
@@ -195,9 +199,14 @@ def test_rebase_with_yes_records_and_writes_the_generation(
     with psycopg.connect(db_url) as conn:
         reasons = conn.execute("SELECT end_reason FROM allocator.leader_history").fetchall()
     assert reasons == [("rebased",)]
-    # ZooKeeper: the chroot and election path are back, the generation is beside them.
+    # ZooKeeper: the chroot and election path are back, the generation is beside them,
+    # all with the cluster's ACL; the chroot's parent (the test's chroot) stays as it was.
     assert zk.exists(CHROOT + ELECTION_PATH) is not None
     assert zk.get(GENERATION_ZNODE)[0] == b"1"
+    ours = zkclient.digest_acl(ZK_AUTH)
+    for path in (CHROOT, CHROOT + ELECTION_PATH, GENERATION_ZNODE):
+        assert zk.get_acls(path)[0] == ours, path
+    assert zk.get_acls("/")[0] == OPEN_ACL_UNSAFE
 
     # Again (as after a failed ZooKeeper write): advances once more, harmlessly.
     done = cli("fence", "rebase", "--reason", "second try", "--yes", env=env)

@@ -120,8 +120,13 @@ def test_nodes_under_the_supervisor(state_dir: Path) -> None:
     assert all(n.keys() >= NODE_KEYS for n in up["nodes"])
     assert all(n["state"] == "running" and is_pid_alive(n["pid"]) for n in up["nodes"])
     assert up["session_timeout_ms"] == 6000
-    token = up["admin_token"]
+    # The token is never printed (not even with --json); the 0600 record holds it.
+    record = state_dir / "cluster.json"
+    assert record.stat().st_mode & 0o077 == 0
+    token = json.loads(record.read_text())["admin_token"]
     assert len(token) >= 24
+    assert "admin_token" not in up
+    assert token not in json.dumps(up)
     first = {n["name"]: n["pid"] for n in up["nodes"]}
     pids = [
         *first.values(),
@@ -133,7 +138,7 @@ def test_nodes_under_the_supervisor(state_dir: Path) -> None:
     table = ok("local", "status", "--state-dir", state_dir)
     assert "node-1" in table
     assert up["nodes"][0]["admin_url"] in table
-    assert token not in table  # the token is for --json only
+    assert token not in table
 
     # A crash (SIGKILL): restarted by the supervisor with a new pid.
     assert "SIGKILL sent to node-1" in ok(

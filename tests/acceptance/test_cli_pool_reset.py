@@ -15,6 +15,7 @@ from kazoo.client import KazooClient
 
 from allocator.fence import Token, Watermark, watermark_path
 from tests.fixtures.pg import cut, layout_blocks, take_fence
+from tests.fixtures.zk import ZK_AUTH
 
 pytestmark = pytest.mark.integration
 
@@ -43,7 +44,11 @@ def env(db_url: str, zk_hosts: str) -> dict[str, str]:
         take_fence(conn, EPOCH)
         cut(conn, EPOCH, layout_blocks(10))
         conn.execute("SELECT * FROM allocator.claim_blocks('app', 4)").fetchall()
-    return {"ALLOCATOR_ZOOKEEPER_HOSTS": zk_hosts, "ALLOCATOR_POSTGRES_URL": db_url}
+    return {
+        "ALLOCATOR_ZOOKEEPER_HOSTS": zk_hosts,
+        "ALLOCATOR_ZOOKEEPER_AUTH": ZK_AUTH,
+        "ALLOCATOR_POSTGRES_URL": db_url,
+    }
 
 
 def fence_and_voided(db_url: str) -> tuple[tuple[int, int], int]:
@@ -78,7 +83,7 @@ def test_reset_voids_moves_the_mark_past_the_watermark_and_advances_the_generati
     env: dict[str, str], db_url: str, zk_hosts: str
 ) -> None:
     watermark = Watermark(Token(0, EPOCH + 5), 10**15)  # cuts the restored database lacks
-    client = KazooClient(hosts=zk_hosts)
+    client = KazooClient(hosts=zk_hosts, auth_data=[("digest", ZK_AUTH)])
     client.start(timeout=10)
     try:
         client.create(watermark_path("/election"), watermark.to_bytes(), makepath=True)

@@ -16,7 +16,9 @@ Rules:
   errors, reconnect after any error and never stop on one; every loop is bounded (a claim
   budget and a deadline), and each claim is paced (a rate, not a wait for state).
 - Faults go through real mechanisms only: the cluster manager's signals, ZooKeeper and
-  PostgreSQL stops, a TCP proxy (:mod:`tests.chaos.proxy`), the node's test hooks.
+  PostgreSQL stops, a TCP proxy (:mod:`tests.chaos.proxy`), nodes built in ``tests/``
+  through the node's seams (:data:`UNSAFE_NODE_COMMAND`), libfaketime, and the session a
+  node records in its session file (:meth:`ChaosCluster.session`, to expire it).
 - Nothing sleeps to let things settle: :func:`wait_for` polls an observable condition
   (the fence, the ledger, a node's state or exit code, a metric) until a deadline.
 - Observations of the database are made as superuser (``database_url``), on a fresh short
@@ -48,6 +50,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
+from allocator import session_file
 from allocator.config import load_config
 from allocator.db import DEFAULT_MAX_CLOCK_AHEAD_MS
 from allocator.layout import Layout
@@ -55,6 +58,7 @@ from allocator.local import nodes as nodes_mod
 from allocator.local.cluster import ClusterInfo, LocalCluster, NodeInfo
 from allocator.local.ports import LOOPBACK, pick_free_ports
 from allocator.local.processes import is_pid_alive, tail
+from allocator.session_file import SessionRecord
 from tests.chaos.checker import (
     Claim,
     LedgerRow,
@@ -283,7 +287,7 @@ class Consumers:
 
 class ExtraNode:
     """An ``allocator run`` process outside the supervisor, with an environment of its own
-    (the supervisor gives every node the same): for per-node test hooks or a proxied
+    (the supervisor gives every node the same): for a node built in ``tests/`` or a proxied
     ZooKeeper. Nobody restarts it; :meth:`stop` (always called by the cluster) ends it."""
 
     def __init__(
@@ -450,6 +454,17 @@ class ChaosCluster:
         self._remember(info)
         return info
 
+    def node_state_dir(self, name: str) -> Path:
+        """The ``node.state_dir`` of node ``name`` (supervised or extra)."""
+        return nodes_mod.node_state_dir(self.state_dir, name)
+
+    def session(self, name: str) -> SessionRecord:
+        """The ZooKeeper session node ``name`` recorded in its session file (it must have one:
+        a running node with a state folder always has)."""
+        record = session_file.read(self.node_state_dir(name))
+        assert record is not None, f"{name} has no session file in {self.node_state_dir(name)}"
+        return record
+
     # -- extra nodes ------------------------------------------------------------------------
 
     def start_extra_node(
@@ -473,7 +488,9 @@ class ChaosCluster:
             postgres_url=database_url or info.node_database_url,
             admin_port=port,
             admin_token=info.admin_token,
+            zk_auth=info.zk_auth,
             session_timeout_ms=self.session_timeout_ms,
+            state_dir=self.node_state_dir(name),
             extra={**self._node_env, **(env or {})},
         )
         log_path = nodes_mod.log_path(self.state_dir, name)

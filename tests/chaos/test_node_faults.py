@@ -120,13 +120,14 @@ def test_sigstop_of_the_leader_past_the_session_timeout_fences_it_out() -> None:
 def test_forced_session_expiry_of_the_leader_makes_it_stop_itself() -> None:
     """Breaks: the leader's ZooKeeper session expires on the server (a second client
     attaches to the session with its id and password, then closes it: a real expiry, not
-    kazoo's client-side fake). The password comes from ``/status`` through the test hook
-    ``ALLOCATOR_TEST_EXPOSE_SESSION=1``.
+    kazoo's client-side fake). The id and password come from the session file the node
+    keeps in its ``node.state_dir`` (mode 0600; ``/status`` never shows the password).
 
-    Must hold: the victim sees SUSPENDED then LOST, stops itself (exit 3) and is restarted;
+    Must hold: the victim stops itself (exit 3 on LOST, or exit 4 if a write in flight met
+    the successor's fence first) and is restarted;
     another node takes over with a newer epoch and cuts; no violation. Cost: ~4 s.
     """
-    with ChaosCluster(zk=1, nodes=3, node_env={"ALLOCATOR_TEST_EXPOSE_SESSION": "1"}) as chaos:
+    with ChaosCluster(zk=1, nodes=3) as chaos:
         old = chaos.wait_leader()
         chaos.wait_pool(300)
         info = chaos.info()
@@ -136,13 +137,16 @@ def test_forced_session_expiry_of_the_leader_makes_it_stop_itself() -> None:
             wait_for(lambda: consumers.count() >= CLAIMS_BEFORE_FAULT, "claims before the fault")
             status = http_json(f"{victim_url}/status")
             assert status["role"] == "leader"
-            session = (int(status["session_id"], 16), bytes.fromhex(status["session_password"]))
+            assert "session_password" not in status
+            record = chaos.session(old.name)
+            assert f"{record.session_id:#x}" == status["session_id"]
+            session = (record.session_id, record.session_password)
             zk.expire_session(
                 info.node_zk_hosts, session, lambda: _session_ended(victim_url, status)
             )
             expired_at = now_utc()
             victim = chaos.wait_exit(old.name, restarts_above=0)
-            assert victim.last_exit_code == EXIT_SESSION_LOST
+            assert victim.last_exit_code in (EXIT_SESSION_LOST, EXIT_FENCED)
             new = chaos.wait_leader(newer_than=old.epoch)
             chaos.wait_cutting(new.epoch, after=expired_at)
             resumed = time.time()
@@ -153,5 +157,13 @@ def test_forced_session_expiry_of_the_leader_makes_it_stop_itself() -> None:
             chaos.assert_clean(consumers)
         finally:
             consumers.stop()
-        assert log_events(victim.log, "session_lost")
+        # Which of the two is a race: the server drops the victim's znode (the successor
+        # takes the fence) as it drops the victim's connection, so a refill already in
+        # flight can reach PostgreSQL before kazoo reports LOST. Both stop the node, and
+        # the fenced one proves the fence held.
+        print(f"{old.name} exited {victim.last_exit_code} after the forced expiry")
+        if victim.last_exit_code == EXIT_FENCED:
+            assert log_events(victim.log, "fenced_write_rejected"), "exit 4 without a rejection"
+        else:
+            assert log_events(victim.log, "session_lost")
         assert chaos.blocks_cut(epoch=old.epoch, after=expired_at) == 0

@@ -20,10 +20,11 @@ import time
 
 import psycopg
 import pytest
-from kazoo.client import KazooClient
 
+from allocator import zkclient
 from allocator.fence import Watermark, watermark_path
 from allocator.local import postgres
+from allocator.local.cluster import ClusterInfo
 from tests.chaos.harness import ChaosCluster, Consumers, wait_for
 
 pytestmark = pytest.mark.integration
@@ -33,8 +34,9 @@ RESTORED = "allocator_restored"
 RESET_COMMAND = [sys.executable, "-m", "allocator.cli", "pool", "reset", "--after-restore"]
 
 
-def watermark(zk_hosts: str) -> Watermark:
-    client = KazooClient(hosts=zk_hosts)
+def watermark(info: ClusterInfo) -> Watermark:
+    """ZooKeeper's watermark, read as the cluster's identity (its znodes carry its ACL)."""
+    client = zkclient.client_for(info.node_zk_hosts, info.zk_auth, timeout_s=10)
     client.start(timeout=10)
     try:
         data, _stat = client.get(watermark_path("/election"))
@@ -114,7 +116,7 @@ def test_a_restore_by_the_procedure_hands_out_no_id_twice() -> None:
             dumped = time.time()
             wait_for(lambda: consumers.count(since=dumped) >= CLAIMS, "claims after the dump")
             wait_for(
-                lambda: watermark(info.node_zk_hosts).high_water_id > dumped_mark,
+                lambda: watermark(info).high_water_id > dumped_mark,
                 "ZooKeeper's watermark to pass the dump's mark",
             )
             with psycopg.connect(admin_url, autocommit=True) as conn:
@@ -132,12 +134,12 @@ def test_a_restore_by_the_procedure_hands_out_no_id_twice() -> None:
                 str(dump),
             )
             restored_url = postgres.database_url(superuser, port, RESTORED)
-            assert high_water_id(restored_url) < watermark(info.node_zk_hosts).high_water_id
-            result = pool_reset(info.node_zk_hosts, restored_url)
+            assert high_water_id(restored_url) < watermark(info).high_water_id
+            result = pool_reset(info, restored_url)
             assert result["new_generation"] == 1
             assert isinstance(result["voided_blocks"], int)
             assert result["voided_blocks"] > 0  # the dump's pool, some of it handed out since
-            assert result["new_high_water_id"] > watermark(info.node_zk_hosts).high_water_id
+            assert result["new_high_water_id"] > watermark(info).high_water_id
             swap_in(admin_url)
             reset_at = time.time()
             wait_for(lambda: leader_generation(chaos.database_url) == 1, "a generation-1 leader")
@@ -150,10 +152,11 @@ def test_a_restore_by_the_procedure_hands_out_no_id_twice() -> None:
     assert any(r.returned_at > reset_at for r in records)
 
 
-def pool_reset(zk_hosts: str, url: str) -> dict[str, object]:
+def pool_reset(info: ClusterInfo, url: str) -> dict[str, object]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("ALLOCATOR_")},
-        "ALLOCATOR_ZOOKEEPER_HOSTS": zk_hosts,
+        "ALLOCATOR_ZOOKEEPER_HOSTS": info.node_zk_hosts,
+        "ALLOCATOR_ZOOKEEPER_AUTH": info.zk_auth,
         "ALLOCATOR_POSTGRES_URL": url,
     }
     done = subprocess.run(

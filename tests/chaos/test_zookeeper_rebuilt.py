@@ -76,6 +76,7 @@ def fence_rebase(chaos: ChaosCluster) -> dict[str, object]:
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("ALLOCATOR_")},
         "ALLOCATOR_ZOOKEEPER_HOSTS": info.node_zk_hosts,
+        "ALLOCATOR_ZOOKEEPER_AUTH": info.zk_auth,
         "ALLOCATOR_POSTGRES_URL": chaos.database_url,
     }
     done = subprocess.run(

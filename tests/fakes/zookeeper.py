@@ -3,9 +3,10 @@
 The calls are those of :mod:`allocator.election` and :mod:`allocator.node`: ``start``,
 ``stop``, ``close``, ``add_listener``, ``remove_listener``, ``client_id``, ``connected``, the
 ``*_async`` calls (``ensure_path``, ``create``, ``exists``, ``get_children``, ``get``, ``set``,
-``delete``, ``sync``) and the blocking ``sync``, ``get_children`` and ``get`` of
-``read_contenders``. Anything else is missing on purpose: a new call in the product shows up
-here as an ``AttributeError``, and the fake grows by exactly that call.
+``delete``, ``sync``, ``get_acls``, ``set_acls``) and the blocking ``sync``,
+``get_children``, ``get`` and ``exists`` of ``read_queue``. Anything else is missing on
+purpose: a new call in the product shows up here as an ``AttributeError``, and the fake
+grows by exactly that call.
 
 Rules of the fake (ZooKeeper's and kazoo's, where the node depends on them):
 
@@ -18,6 +19,13 @@ Rules of the fake (ZooKeeper's and kazoo's, where the node depends on them):
   changes and is the 10-digit suffix of a sequential child (``<prefix>0000000007``).
 - Ephemeral znodes belong to a session (``ephemeralOwner``), vanish when it ends (stop,
   expiry, wipe) and cannot have children.
+- ACLs as ZooKeeper checks them: each znode has one (``acl=`` on create and ensure_path,
+  else the client's ``default_acl``, else the open ACL; parents made by ``ensure_path`` get
+  the same). A client authenticates with ``auth="user:password"`` (digest). Create needs
+  CREATE on the parent, delete DELETE on the parent, set WRITE, get and get_children READ,
+  set_acls ADMIN, get_acls READ or ADMIN; exists and sync need nothing. A refusal raises
+  ``NoAuthError``. The test-side calls (:meth:`FakeEnsemble.set_data`, ``data``, ``stat``)
+  are not checked.
 - Watches: only ``exists`` watches, one-shot, fired by the create, set or delete of their
   path (CREATED, CHANGED, DELETED). When a client loses its connection its pending watches
   fire once with ``EventType.NONE`` and are dropped, as kazoo does.
@@ -54,6 +62,7 @@ from kazoo.exceptions import (
     ConnectionClosedError,
     ConnectionLoss,
     KazooException,
+    NoAuthError,
     NoChildrenForEphemeralsError,
     NodeExistsError,
     NoNodeError,
@@ -62,6 +71,7 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import EventType, KazooState, KeeperState, WatchedEvent, ZnodeStat
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, Permissions, make_digest_acl_credential
 
 from allocator import fence
 
@@ -74,6 +84,10 @@ SEQUENCE_DIGITS = 10
 FIRST_SESSION_ID = 0x1_8000_0000_0000
 
 
+Identity = tuple[str, str]
+"""(scheme, id) a client is authenticated as; every client is also ("world", "anyone")."""
+
+
 @dataclass
 class _Znode:
     data: bytes
@@ -83,6 +97,15 @@ class _Znode:
     pzxid: int
     version: int = 0
     cversion: int = 0
+    aversion: int = 0
+    acl: tuple[ACL, ...] = tuple(OPEN_ACL_UNSAFE)
+
+    def allows(self, identities: frozenset[Identity], perms: int) -> bool:
+        """True if some entry for one of ``identities`` grants any of ``perms``."""
+        return any(
+            (entry.id.scheme, entry.id.id) in identities and entry.perms & perms
+            for entry in self.acl
+        )
 
     def stat(self, children: int) -> ZnodeStat:
         return ZnodeStat(
@@ -92,7 +115,7 @@ class _Znode:
             mtime=0,
             version=self.version,
             cversion=self.cversion,
-            aversion=0,
+            aversion=self.aversion,
             ephemeralOwner=self.owner,
             dataLength=len(self.data),
             numChildren=children,
@@ -144,9 +167,9 @@ class FakeEnsemble:
 
     # -- what a test does to the ensemble ---------------------------------------------------
 
-    def client(self) -> FakeKazooClient:
-        """A new, unstarted client (a fake contender, an operator)."""
-        return FakeKazooClient(self)
+    def client(self, auth: str = "", default_acl: list[ACL] | None = None) -> FakeKazooClient:
+        """A new, unstarted client (a fake contender, an operator, a stranger)."""
+        return FakeKazooClient(self, auth=auth, default_acl=default_acl)
 
     def expire(self, session_id: int, *, reconnect: bool = True) -> None:
         """End a session on the server, as a second client with its id closing it does (the
@@ -238,24 +261,57 @@ class FakeEnsemble:
             return firings
 
     def _create(
-        self, session_id: int, path: str, data: bytes, *, ephemeral: bool, sequence: bool
+        self,
+        session_id: int,
+        who: frozenset[Identity],
+        path: str,
+        data: bytes,
+        *,
+        ephemeral: bool,
+        sequence: bool,
+        acl: tuple[ACL, ...],
     ) -> str:
         with self._lock:
             self._require_session(session_id)
+            self._check_locked(posixpath.dirname(path), who, Permissions.CREATE)
             if sequence:
                 parent = self._node_locked(posixpath.dirname(path))
                 path = f"{path}{parent.cversion:0{SEQUENCE_DIGITS}d}"
-            firings = self._create_locked(path, data, owner=session_id if ephemeral else 0)
+            firings = self._create_locked(path, data, owner=session_id if ephemeral else 0, acl=acl)
         self._fire(firings)
         return path
 
-    def _ensure_path(self, session_id: int, path: str) -> bool:
+    def _ensure_path(
+        self, session_id: int, who: frozenset[Identity], path: str, acl: tuple[ACL, ...]
+    ) -> bool:
         firings: list[_Firing] = []
         with self._lock:
             self._require_session(session_id)
-            self._ensure_locked(path, firings)
+            self._ensure_locked(path, firings, acl=acl, who=who)
         self._fire(firings)
         return True
+
+    def _get_acls(
+        self, session_id: int, who: frozenset[Identity], path: str
+    ) -> tuple[list[ACL], ZnodeStat]:
+        with self._lock:
+            self._require_session(session_id)
+            self._check_locked(path, who, Permissions.READ | Permissions.ADMIN)
+            node = self._nodes[path]
+            return list(node.acl), node.stat(len(self._children_locked(path)))
+
+    def _set_acls(
+        self, session_id: int, who: frozenset[Identity], path: str, acl: list[ACL], version: int
+    ) -> ZnodeStat:
+        with self._lock:
+            self._require_session(session_id)
+            self._check_locked(path, who, Permissions.ADMIN)
+            node = self._nodes[path]
+            if version not in (-1, node.aversion):
+                raise BadVersionError(path)
+            node.acl = tuple(acl)
+            node.aversion += 1
+            return node.stat(len(self._children_locked(path)))
 
     def _exists(
         self, session_id: int, client: FakeKazooClient, path: str, watch: Watch | None
@@ -263,33 +319,40 @@ class FakeEnsemble:
         with self._lock:
             self._require_session(session_id)
             if watch is not None:
-                self._watches.setdefault(path, []).append((client, watch))
+                pending = self._watches.setdefault(path, [])
+                if (client, watch) not in pending:  # kazoo keeps a set per path
+                    pending.append((client, watch))
             node = self._nodes.get(path)
             return None if node is None else node.stat(len(self._children_locked(path)))
 
-    def _get_children(self, session_id: int, path: str) -> list[str]:
+    def _get_children(self, session_id: int, who: frozenset[Identity], path: str) -> list[str]:
         with self._lock:
             self._require_session(session_id)
-            self._node_locked(path)
+            self._check_locked(path, who, Permissions.READ)
             return self._children_locked(path)
 
-    def _get(self, session_id: int, path: str) -> tuple[bytes, ZnodeStat]:
+    def _get(self, session_id: int, who: frozenset[Identity], path: str) -> tuple[bytes, ZnodeStat]:
         with self._lock:
             self._require_session(session_id)
-            node = self._node_locked(path)
+            node = self._check_locked(path, who, Permissions.READ)
             return node.data, node.stat(len(self._children_locked(path)))
 
-    def _set(self, session_id: int, path: str, data: bytes, version: int) -> ZnodeStat:
+    def _set(
+        self, session_id: int, who: frozenset[Identity], path: str, data: bytes, version: int
+    ) -> ZnodeStat:
         with self._lock:
             self._require_session(session_id)
+            self._check_locked(path, who, Permissions.WRITE)
             firings = self._set_locked(path, data, version)
             stat = self._nodes[path].stat(len(self._children_locked(path)))
         self._fire(firings)
         return stat
 
-    def _delete(self, session_id: int, path: str, version: int) -> bool:
+    def _delete(self, session_id: int, who: frozenset[Identity], path: str, version: int) -> bool:
         with self._lock:
             self._require_session(session_id)
+            self._node_locked(path)
+            self._check_locked(posixpath.dirname(path), who, Permissions.DELETE)
             firings = self._delete_locked(path, version)
         self._fire(firings)
         return True
@@ -298,6 +361,11 @@ class FakeEnsemble:
         with self._lock:
             self._require_session(session_id)  # one server here: every read is up to date
             return path
+
+    def pending_watches(self, path: str) -> list[Watch]:
+        """The watch callbacks waiting on ``path`` (every client's)."""
+        with self._lock:
+            return [watch for _, watch in self._watches.get(path, [])]
 
     def _drop_watches(self, client: FakeKazooClient) -> list[Watch]:
         with self._lock:
@@ -327,12 +395,21 @@ class FakeEnsemble:
             raise NoNodeError(path)
         return node
 
+    def _check_locked(self, path: str, who: frozenset[Identity], perms: int) -> _Znode:
+        """``path``'s znode if ``who`` has one of ``perms`` on it; else ``NoAuthError``."""
+        node = self._node_locked(path)
+        if not node.allows(who, perms):
+            raise NoAuthError(path)
+        return node
+
     def _children_locked(self, path: str) -> list[str]:
         prefix = path.rstrip("/") + "/"
         names = (p[len(prefix) :] for p in self._nodes if p.startswith(prefix))
         return sorted(name for name in names if name and "/" not in name)
 
-    def _create_locked(self, path: str, data: bytes, owner: int) -> list[_Firing]:
+    def _create_locked(
+        self, path: str, data: bytes, owner: int, acl: tuple[ACL, ...] = tuple(OPEN_ACL_UNSAFE)
+    ) -> list[_Firing]:
         if not path.startswith("/") or path.endswith("/"):
             raise ValueError(f"bad znode path {path!r}")
         parent = self._node_locked(posixpath.dirname(path))
@@ -341,19 +418,31 @@ class FakeEnsemble:
         if path in self._nodes:
             raise NodeExistsError(path)
         zxid = self._next_zxid()
-        self._nodes[path] = _Znode(data, czxid=zxid, owner=owner, mzxid=zxid, pzxid=zxid)
+        self._nodes[path] = _Znode(
+            data, czxid=zxid, owner=owner, mzxid=zxid, pzxid=zxid, acl=acl or tuple(OPEN_ACL_UNSAFE)
+        )
         parent.pzxid = zxid
         parent.cversion += 1
         return self._take_watches(path, EventType.CREATED)
 
-    def _ensure_locked(self, path: str, firings: list[_Firing]) -> None:
+    def _ensure_locked(
+        self,
+        path: str,
+        firings: list[_Firing],
+        *,
+        acl: tuple[ACL, ...] = tuple(OPEN_ACL_UNSAFE),
+        who: frozenset[Identity] | None = None,
+    ) -> None:
+        """Create what is missing of ``path`` with ``acl``; ``who`` None: unchecked."""
         current = ""
         for part in path.strip("/").split("/"):
             if not part:
                 continue
-            current = f"{current}/{part}"
+            parent, current = current or "/", f"{current}/{part}"
             if current not in self._nodes:
-                firings += self._create_locked(current, b"", owner=0)
+                if who is not None:
+                    self._check_locked(parent, who, Permissions.CREATE)
+                firings += self._create_locked(current, b"", owner=0, acl=acl)
 
     def _set_locked(self, path: str, data: bytes, version: int) -> list[_Firing]:
         node = self._node_locked(path)
@@ -391,8 +480,15 @@ class FakeEnsemble:
 class FakeKazooClient:
     """One kazoo client of a :class:`FakeEnsemble` (see the module rules)."""
 
-    def __init__(self, ensemble: FakeEnsemble) -> None:
+    def __init__(
+        self, ensemble: FakeEnsemble, *, auth: str = "", default_acl: list[ACL] | None = None
+    ) -> None:
         self._ensemble = ensemble
+        self._who: frozenset[Identity] = frozenset(
+            {("world", "anyone")}
+            | ({("digest", make_digest_acl_credential(*auth.split(":", 1)))} if auth else set())
+        )
+        self.default_acl = default_acl
         self._lock = threading.RLock()  # state changes and listener calls, one at a time
         self._listeners: list[Listener] = []
         self._state: ClientState = "new"
@@ -510,20 +606,49 @@ class FakeKazooClient:
 
     # -- requests -------------------------------------------------------------------------
 
-    def ensure_path_async(self, path: str) -> FakeResult[bool]:
-        return FakeResult(lambda: self._ensemble._ensure_path(self._session(blocking=False), path))
+    def _acl(self, acl: list[ACL] | None) -> tuple[ACL, ...]:
+        """What a create is given, as kazoo chooses it: ``acl``, the default, or open."""
+        return tuple(acl or self.default_acl or OPEN_ACL_UNSAFE)
+
+    def ensure_path_async(self, path: str, acl: list[ACL] | None = None) -> FakeResult[bool]:
+        return FakeResult(
+            lambda: self._ensemble._ensure_path(
+                self._session(blocking=False), self._who, path, self._acl(acl)
+            )
+        )
 
     def create_async(
         self,
         path: str,
         value: bytes = b"",
+        acl: list[ACL] | None = None,
         *,
         ephemeral: bool = False,
         sequence: bool = False,
     ) -> FakeResult[str]:
         return FakeResult(
             lambda: self._ensemble._create(
-                self._session(blocking=False), path, value, ephemeral=ephemeral, sequence=sequence
+                self._session(blocking=False),
+                self._who,
+                path,
+                value,
+                ephemeral=ephemeral,
+                sequence=sequence,
+                acl=self._acl(acl),
+            )
+        )
+
+    def get_acls_async(self, path: str) -> FakeResult[tuple[list[ACL], ZnodeStat]]:
+        return FakeResult(
+            lambda: self._ensemble._get_acls(self._session(blocking=False), self._who, path)
+        )
+
+    def set_acls_async(
+        self, path: str, acls: list[ACL], version: int = -1
+    ) -> FakeResult[ZnodeStat]:
+        return FakeResult(
+            lambda: self._ensemble._set_acls(
+                self._session(blocking=False), self._who, path, acls, version
             )
         )
 
@@ -533,19 +658,25 @@ class FakeKazooClient:
         )
 
     def get_children_async(self, path: str) -> FakeResult[list[str]]:
-        return FakeResult(lambda: self._ensemble._get_children(self._session(blocking=False), path))
+        return FakeResult(
+            lambda: self._ensemble._get_children(self._session(blocking=False), self._who, path)
+        )
 
     def get_async(self, path: str) -> FakeResult[tuple[bytes, ZnodeStat]]:
-        return FakeResult(lambda: self._ensemble._get(self._session(blocking=False), path))
+        return FakeResult(
+            lambda: self._ensemble._get(self._session(blocking=False), self._who, path)
+        )
 
     def set_async(self, path: str, value: bytes, version: int = -1) -> FakeResult[ZnodeStat]:
         return FakeResult(
-            lambda: self._ensemble._set(self._session(blocking=False), path, value, version)
+            lambda: self._ensemble._set(
+                self._session(blocking=False), self._who, path, value, version
+            )
         )
 
     def delete_async(self, path: str, version: int = -1) -> FakeResult[bool]:
         return FakeResult(
-            lambda: self._ensemble._delete(self._session(blocking=False), path, version)
+            lambda: self._ensemble._delete(self._session(blocking=False), self._who, path, version)
         )
 
     def sync_async(self, path: str) -> FakeResult[str]:
@@ -555,21 +686,29 @@ class FakeKazooClient:
         return self._ensemble._sync(self._session(blocking=True), path)
 
     def get_children(self, path: str) -> list[str]:
-        return self._ensemble._get_children(self._session(blocking=True), path)
+        return self._ensemble._get_children(self._session(blocking=True), self._who, path)
 
     def get(self, path: str) -> tuple[bytes, ZnodeStat]:
-        return self._ensemble._get(self._session(blocking=True), path)
+        return self._ensemble._get(self._session(blocking=True), self._who, path)
+
+    def exists(self, path: str) -> ZnodeStat | None:
+        return self._ensemble._exists(self._session(blocking=True), self, path, None)
 
 
 class ClientFactory:
-    """A node's ``zookeeper`` factory on one ensemble; remembers every client it built."""
+    """A node's ``zookeeper`` factory on one ensemble; remembers every client it built.
+    ``auth`` and ``default_acl`` as :func:`allocator.zkclient.client` gives them."""
 
-    def __init__(self, ensemble: FakeEnsemble) -> None:
+    def __init__(
+        self, ensemble: FakeEnsemble, *, auth: str = "", default_acl: list[ACL] | None = None
+    ) -> None:
         self._ensemble = ensemble
+        self._auth = auth
+        self._default_acl = default_acl
         self.built: list[FakeKazooClient] = []
 
     def __call__(self) -> FakeKazooClient:
-        client = FakeKazooClient(self._ensemble)
+        client = FakeKazooClient(self._ensemble, auth=self._auth, default_acl=self._default_acl)
         self.built.append(client)
         return client
 

@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import socket
+import stat
 import subprocess
 import time
 import uuid
@@ -22,9 +23,10 @@ from typing import TypeVar
 import psycopg
 import pytest
 from kazoo.client import KazooClient
-from kazoo.exceptions import KazooException
+from kazoo.exceptions import KazooException, NoAuthError
 from kazoo.handlers.threading import KazooTimeoutError
 
+from allocator import zkclient
 from allocator.errors import (
     LocalClusterError,
     PortInUseError,
@@ -59,8 +61,10 @@ def eventually(check: Callable[[], T], timeout_s: float = WAIT_S, what: str = ""
 
 
 @contextlib.contextmanager
-def kazoo_client(hosts: str, timeout_s: float = 4.0) -> Iterator[KazooClient]:
-    client = KazooClient(hosts=hosts, timeout=timeout_s)
+def kazoo_client(hosts: str, timeout_s: float = 4.0, auth: str = "") -> Iterator[KazooClient]:
+    client = KazooClient(
+        hosts=hosts, timeout=timeout_s, auth_data=[("digest", auth)] if auth else None
+    )
     try:
         client.start(timeout=WAIT_S)
         yield client
@@ -217,8 +221,14 @@ def test_ensemble_serves_on_loopback(cluster3: LocalCluster) -> None:
     assert sorted(s.mode or "" for s in info.zk_servers) == ["follower", "follower", "leader"]
     with kazoo_client(info.zk_hosts) as client:
         assert write_read(client)
-    with kazoo_client(info.node_zk_hosts) as client:  # the nodes' chroot, even with no node
+    # The nodes' chroot, even with no node: the cluster's identity only (ZooKeeper ACLs).
+    with kazoo_client(info.node_zk_hosts, auth=info.zk_auth) as client:
         assert write_read(client)
+        assert client.get_acls("/")[0] == zkclient.digest_acl(info.zk_auth)
+    with kazoo_client(info.node_zk_hosts) as client, pytest.raises(NoAuthError):
+        client.create(f"/intruder-{uuid.uuid4().hex}", b"")
+    assert stat.S_IMODE(cluster3.state_file.stat().st_mode) == 0o600  # it holds the identity
+    assert "zk_auth" not in info.to_json()
     # Every listening socket on a recorded port is bound to 127.0.0.1 only.
     recorded = {info.postgres.port}
     for s in info.zk_servers:

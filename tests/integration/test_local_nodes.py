@@ -192,7 +192,9 @@ def test_nodes_start_with_their_environment(cluster: LocalCluster, out_dir: Path
             "ALLOCATOR_NODE_NAME": n.name,
             "ALLOCATOR_NODE_ADMIN_ADDRESS": n.admin_address,
             "ALLOCATOR_NODE_ADMIN_TOKEN": info.admin_token,
+            "ALLOCATOR_ZOOKEEPER_AUTH": info.zk_auth,
             "ALLOCATOR_ZOOKEEPER_SESSION_TIMEOUT_MS": str(nodes.DEFAULT_SESSION_TIMEOUT_MS),
+            "ALLOCATOR_NODE_STATE_DIR": str(nodes.node_state_dir(cluster.state_dir, n.name)),
             "ALLOCATOR_POOL_MIN_BLOCKS": "8",
         }
         assert n.admin_url == f"http://{n.admin_address}"

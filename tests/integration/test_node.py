@@ -9,9 +9,13 @@ deadline; nothing sleeps to let things settle.
 from __future__ import annotations
 
 import itertools
+import json
+import os
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -19,8 +23,10 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
+from allocator import session_file
 from allocator.commands.run import build_node
 from allocator.config import Config, load_config
+from allocator.errors import ConfigError
 from allocator.fence import Watermark, watermark_path
 from allocator.node import EXIT_CONFIG, EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node
 from jobs.context import wall_clock_ms
@@ -67,6 +73,7 @@ def make_node(db_url: str, zk_hosts: str) -> Iterator[Callable[..., RunningNode]
     def make(name: str, now_ms: Callable[[], int] = wall_clock_ms, **overrides: Any) -> RunningNode:
         settings = {
             "zookeeper.hosts": zk_hosts,
+            "zookeeper.auth": zk.ZK_AUTH,
             "zookeeper.session_timeout_ms": SESSION_TIMEOUT_MS,
             "postgres.url": db_url,
             "node.name": name,
@@ -262,7 +269,7 @@ def test_a_database_without_standbys_is_not_asynchronous(
 
 
 def read_watermark(zk_hosts: str) -> Watermark | None:
-    client = KazooClient(hosts=zk_hosts)
+    client = KazooClient(hosts=zk_hosts, auth_data=[("digest", zk.ZK_AUTH)])
     client.start(timeout=10)
     try:
         data, _stat = client.get(watermark_path("/election"))
@@ -383,7 +390,8 @@ def test_admin_http_serves_metrics_health_status_and_guards_step_down(
 ) -> None:
     import json
 
-    leader = make_node("a", **{"node.admin_token": "s3cret"})
+    token = "s3cret-0123456789abcdefghij"
+    leader = make_node("a", **{"node.admin_token": token})
     wait_for(lambda: fence(db_url)[1] == "a", "a to lead")
     base = wait_for(lambda: leader.node.snapshot()["admin_url"], "the admin server")
     # The fence row is the database's; the node says it leads a moment later (its term
@@ -396,10 +404,10 @@ def test_admin_http_serves_metrics_health_status_and_guards_step_down(
     assert status == 200
     assert json.loads(body)["role"] == "leader"
     assert _http(f"{base}/step-down", "POST")[0] == 401
-    assert _http(f"{base}/step-down", "POST", token="wrong")[0] == 401
+    assert _http(f"{base}/step-down", "POST", token="wrong")[0] == 403
     assert _http(f"{base}/nothing")[0] == 404
     epoch = fence(db_url)[0]
-    assert _http(f"{base}/step-down", "POST", token="s3cret")[0] == 202
+    assert _http(f"{base}/step-down", "POST", token=token)[0] == 202
     # the only contender: it hands over to itself, with a new znode and so a new epoch
     wait_for(lambda: fence(db_url)[0] > epoch, "a new term after the step-down")
 
@@ -466,3 +474,87 @@ def test_a_mark_an_hour_ahead_of_every_clock_never_stalls_the_cluster(
         lambda: (registry.get_sample_value("allocator_mark_ahead_seconds") or 0) > 3000,
         "the mark's lead to be exported",
     )
+
+
+# -- the session file (node.state_dir) --------------------------------------------------------
+
+
+def _mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_a_node_keeps_its_session_in_a_private_file_and_removes_it_on_a_clean_exit(
+    make_node: Callable[..., RunningNode], db_url: str, tmp_path: Path
+) -> None:
+    """Issue 10: the session password is only in ``<node.state_dir>/session.json`` (0600 in
+    a 0700 folder the node creates), never in ``/status``; a clean exit removes the file."""
+    state_dir = tmp_path / "state" / "a"
+    node = make_node("a", **{"node.state_dir": str(state_dir)})
+    wait_for(lambda: fence(db_url)[1] == "a", "a to lead")
+    path = session_file.path_in(state_dir)
+    assert _mode(state_dir) == 0o700
+    assert _mode(path) == 0o600
+    record = session_file.read(state_dir)
+    assert record is not None
+    assert (record.session_id, record.session_password) == node.node.session_credentials()
+    assert (record.name, record.pid) == ("a", os.getpid())
+    status = node.node.snapshot()
+    assert status["session_id"] == f"{record.session_id:#x}"
+    assert "session_password" not in status
+    assert record.session_password.hex() not in json.dumps(status, default=str)
+    assert node.stop() == EXIT_OK
+    assert not path.exists()
+    assert state_dir.is_dir()  # the folder stays: it is the node's
+
+
+def test_every_new_session_is_recorded_and_a_lost_one_is_removed(
+    make_node: Callable[..., RunningNode], db_url: str, zk_hosts: str, tmp_path: Path
+) -> None:
+    """Rejoin mode: the new session replaces the expired one in the file. Exit mode: the
+    node that lost its session leaves no file naming it."""
+    rejoining = make_node(
+        "a", **{"node.on_session_loss": "rejoin", "node.state_dir": str(tmp_path / "a")}
+    )
+    wait_for(lambda: fence(db_url)[1] == "a", "a to lead")
+    first = session_file.read(tmp_path / "a")
+    assert first is not None
+    expire_session(zk_hosts, rejoining.node)
+
+    def recorded_again() -> session_file.SessionRecord | None:
+        record = session_file.read(tmp_path / "a")
+        return record if record is not None and record.session_id != first.session_id else None
+
+    second = wait_for(recorded_again, "the new session in the file")
+    assert (second.session_id, second.session_password) == rejoining.node.session_credentials()
+    assert rejoining.stop() == EXIT_OK
+
+    leaving = make_node("b", **{"node.state_dir": str(tmp_path / "b")})
+    wait_for(lambda: fence(db_url)[1] == "b", "b to lead")
+    assert session_file.read(tmp_path / "b") is not None
+    expire_session(zk_hosts, leaving.node)
+    leaving.thread.join(DEADLINE_S)
+    assert leaving.exit_code == EXIT_SESSION_LOST
+    assert session_file.read(tmp_path / "b") is None
+
+
+def test_a_state_dir_others_may_write_stops_the_node_before_it_joins(
+    db_url: str, zk_hosts: str, tmp_path: Path
+) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    config = load_config(
+        None,
+        {
+            "zookeeper.hosts": zk_hosts,
+            "zookeeper.auth": zk.ZK_AUTH,
+            "postgres.url": db_url,
+            "node.name": "a",
+            "node.admin_address": "127.0.0.1:0",
+            "node.state_dir": str(shared),
+        },
+        env={},
+    )
+    with pytest.raises(ConfigError, match=r"node.state_dir: .* writable by group or others"):
+        build_node(config).run()
+    assert not session_file.path_in(shared).exists()

@@ -46,8 +46,10 @@ def zk(zk_hosts: str) -> Iterator[KazooClient]:
 
 
 def contend(zk: KazooClient, data: bytes, tag: str) -> int:
-    """A contender's znode (ephemeral, sequential, our name format); returns its czxid."""
-    path = zk.create(f"{ELECTION}/{NODE_PREFIX}{tag}-", data, ephemeral=True, sequence=True)
+    """A contender's znode (ephemeral, sequential, our name format: ``tag`` as the 32 hex
+    digits); returns its czxid."""
+    hex_tag = tag.encode().hex().ljust(32, "0")[:32]
+    path = zk.create(f"{ELECTION}/{NODE_PREFIX}{hex_tag}-", data, ephemeral=True, sequence=True)
     return int(zk.exists(path).czxid)
 
 
@@ -72,6 +74,11 @@ def test_status_shows_the_token_fence_and_adverts(
     assert data["leader"]["since"] is not None
     adverts = [(c["name"], c["db_ok"], c["clock_ok"]) for c in data["contenders"]]
     assert adverts == [("node-1", True, False), ("?", None, None), ("node-3", None, None)]
+    assert [c["problem"] for c in data["contenders"]] == [None, "not UTF-8", None]
+    assert data["election"] == {
+        "unparsable": [{"znode": data["contenders"][1]["znode"], "problem": "not UTF-8"}],
+        "ignored": [],
+    }
     assert all(c.keys() >= STABLE_KEYS["contender"] for c in data["contenders"])
     [handover] = data["handovers"]
     assert handover.keys() >= STABLE_KEYS["handover"]

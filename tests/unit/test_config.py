@@ -36,6 +36,8 @@ GOOD: dict[str, tuple[str, object]] = {
     "zookeeper.connect_timeout_s": ("2.5", 2.5),
     "zookeeper.max_reconnect_delay_s": ("60", 60.0),
     "zookeeper.auth": ("user:pw", "user:pw"),
+    "zookeeper.world_readable": ("true", True),
+    "zookeeper.insecure": ("false", False),  # true is an error next to auth (own test)
     "postgres.url": ("postgres://u:pw@db.example:6432/ids", "postgres://u:pw@db.example:6432/ids"),
     "postgres.allow_async_replication": ("true", True),
     "postgres.pool_min_size": ("0", 0),
@@ -49,10 +51,13 @@ GOOD: dict[str, tuple[str, object]] = {
     "postgres.keepalives_count": ("4", 4),
     "node.name": ("node-1.eu_1", "node-1.eu_1"),
     "node.admin_address": ("0.0.0.0:0", "0.0.0.0:0"),
-    "node.admin_token": ("s3cret", "s3cret"),
+    "node.admin_token": ("tok-0123456789abcdefXYZ_-+/=", "tok-0123456789abcdefXYZ_-+/="),
+    "node.admin_max_threads": ("2", 2),
+    "node.admin_timeout_s": ("0.5", 0.5),
     "node.on_session_loss": ("rejoin", "rejoin"),
     "node.log_format": ("json", "json"),
     "node.shutdown_timeout_s": ("3", 3.0),
+    "node.state_dir": ("/var/lib/allocator/node-1", "/var/lib/allocator/node-1"),
     "pool.min_blocks": ("10", 10),
     "pool.runway_s": ("0", 0.0),
     "pool.max_blocks": ("10", 10),
@@ -112,6 +117,8 @@ BAD: list[tuple[str, str]] = [
     ("postgres.url", "postgresql://u:pw@h:99999/db"),
     ("postgres.url", "postgresql://u@h1:5432,h2:x/db?target_session_attrs=read-write"),
     ("postgres.allow_async_replication", "maybe"),
+    ("zookeeper.world_readable", "maybe"),
+    ("zookeeper.insecure", "maybe"),
     ("postgres.pool_min_size", "-1"),
     ("postgres.pool_min_size", "5"),  # above the default max; blamed on max, see below
     ("postgres.pool_max_size", "0"),
@@ -137,9 +144,20 @@ BAD: list[tuple[str, str]] = [
     ("node.admin_address", "localhost"),
     ("node.admin_address", ":8470"),
     ("node.admin_address", "127.0.0.1:70000"),
+    ("node.admin_token", "s3cret"),
+    ("node.admin_token", "x" * 23),
+    ("node.admin_token", "a-long-enough-token but-with-a-space"),
+    ("node.admin_token", "a-long-enough-token-but-with-a-newline\n"),
+    ("node.admin_token", "a-long-enough-token-that-is-not-ascii-é"),
+    ("node.admin_max_threads", "0"),
+    ("node.admin_max_threads", "65"),
+    ("node.admin_timeout_s", "0"),
+    ("node.admin_timeout_s", "61"),
     ("node.on_session_loss", "restart"),
     ("node.log_format", "xml"),
     ("node.shutdown_timeout_s", "0"),
+    ("node.state_dir", "var/lib/allocator"),
+    ("node.state_dir", "~/state"),
     ("pool.min_blocks", "0"),
     ("pool.min_blocks", "16"),  # the default low watermark must stay below it
     ("pool.runway_s", "-1"),
@@ -157,7 +175,7 @@ BLAMED = {
     ("pool.min_blocks", "16"): "pool.low_watermark_blocks",
     ("layout.datacenter_bits", "-1"): "layout.datacenter_bits",
 }
-SECRETS_WITHOUT_RULES = {"node.admin_token"}
+SECRETS_WITHOUT_RULES: set[str] = set()
 
 
 def load(**kwargs: object) -> Config:
@@ -404,7 +422,7 @@ def test_masking() -> None:
     config = load(
         overrides={
             "postgres.url": "postgresql://node:pa:ss@db:5432/ids?sslmode=require&password=qs",
-            "node.admin_token": "tok-XYZ",
+            "node.admin_token": "tok-XYZ-0123456789abcdefgh",
             "zookeeper.auth": "user:zkpw",
         }
     )
@@ -416,6 +434,21 @@ def test_masking() -> None:
     assert masked["zookeeper"]["auth"] == "***"
     assert "pa:ss" not in repr(config)
     assert "tok-XYZ" not in repr(config)
+
+
+@pytest.mark.parametrize(
+    ("token", "message"),
+    [
+        ("tok-XYZ", "must be at least 24 random characters"),
+        ("tok-XYZ tok-XYZ tok-XYZ tok-XYZ", "must be printable ASCII without spaces"),
+        ("tok-XYZ\ttok-XYZ-tok-XYZ-tok-XYZ", "must be printable ASCII without spaces"),
+    ],
+)
+def test_a_weak_admin_token_is_refused_without_echoing_it(token: str, message: str) -> None:
+    (line,) = problems(env={"ALLOCATOR_NODE_ADMIN_TOKEN": token})
+    assert line.startswith(f"node.admin_token: {message}")
+    assert line.endswith("(got ***, from ALLOCATOR_NODE_ADMIN_TOKEN)")
+    assert "tok-XYZ" not in line
 
 
 def test_masking_leaves_empty_secrets_and_password_less_urls() -> None:
@@ -451,6 +484,14 @@ def test_direct_validation_still_checks_rules_between_keys() -> None:
         Config.model_validate({"pool": {"min_blocks": 4}})
 
 
+def test_node_state_dir_is_optional_and_absolute() -> None:
+    assert load().node.state_path() is None
+    config = load(env={"ALLOCATOR_NODE_STATE_DIR": "/var/lib/allocator/node-1"})
+    assert config.node.state_path() == Path("/var/lib/allocator/node-1")
+    with pytest.raises(InvalidConfigError, match=re.escape("node.state_dir: must be an absolute")):
+        load(overrides={"node.state_dir": "state"})
+
+
 def test_node_name_resolves_at_use_time() -> None:
     assert load(overrides={"node.name": "n1"}).node.resolved_name() == "n1"
     resolved = load().node.resolved_name()
@@ -466,7 +507,6 @@ def test_node_name_resolves_at_use_time() -> None:
         (["pool.min_blocks=5"], {"pool.min_blocks": "5"}),
         (["postgres.url=postgresql://u@h/db?a=b"], {"postgres.url": "postgresql://u@h/db?a=b"}),
         (["node.name=a", "node.name=b"], {"node.name": "b"}),
-        (["node.admin_token="], {"node.admin_token": ""}),
     ],
 )
 def test_parse_set_pairs(pairs: list[str], expected: dict[str, str]) -> None:
@@ -477,3 +517,43 @@ def test_parse_set_pairs(pairs: list[str], expected: dict[str, str]) -> None:
 def test_parse_set_pairs_rejects_bad_syntax(pair: str) -> None:
     with pytest.raises(UsageError, match=re.escape("expected SECTION.KEY=VALUE")):
         parse_set_pairs([pair])
+
+
+@pytest.mark.parametrize(
+    "pair",
+    [
+        "zookeeper.auth=user:hunter2-secret",
+        "ZOOKEEPER.AUTH=user:hunter2-secret",
+        "node.admin_token=hunter2-secret",
+        "postgres.url=postgresql://u:hunter2-secret@h/db",
+    ],
+)
+def test_set_refuses_secrets_without_echoing_them(pair: str) -> None:
+    key = pair.partition("=")[0].lower()
+    with pytest.raises(UsageError, match=re.escape(env_name(key))) as caught:
+        parse_set_pairs([pair])
+    assert "hunter2" not in str(caught.value)
+    assert "never taken from the command line" in str(caught.value)
+
+
+def test_zookeeper_auth_comes_from_the_environment_or_the_file(tmp_path: Path) -> None:
+    assert load(env={"ALLOCATOR_ZOOKEEPER_AUTH": "u:env"}).zookeeper.auth.get_secret_value() == (
+        "u:env"
+    )
+    path = write(tmp_path, '[zookeeper]\nauth = "u:file"\nworld_readable = true\n')
+    config = load(path=path)
+    assert config.zookeeper.auth.get_secret_value() == "u:file"
+    assert config.zookeeper.world_readable is True
+    assert config.zookeeper.insecure is False
+
+
+def test_insecure_with_auth_and_world_read_without_auth_are_errors() -> None:
+    with pytest.raises(InvalidConfigError) as caught:
+        load(overrides={"zookeeper.auth": "u:pw", "zookeeper.insecure": True})
+    assert caught.value.problems == (
+        "zookeeper.insecure: must be false when zookeeper.auth is set (the ACLs are used) "
+        "(got true, from the command line)",
+    )
+    with pytest.raises(InvalidConfigError, match=r"zookeeper\.world_readable: needs"):
+        load(overrides={"zookeeper.world_readable": True})
+    assert load(overrides={"zookeeper.insecure": True}).zookeeper.insecure is True

@@ -31,3 +31,10 @@ def test_systemd_unit_restarts_nodes_but_not_bad_config() -> None:
     assert "Restart=always" in unit
     assert "RestartPreventExitStatus=78" in unit
     assert "ExecStart=/opt/allocator/bin/allocator run" in unit
+
+
+def test_systemd_unit_gives_each_node_a_private_state_dir() -> None:
+    unit = (DEPLOY / "systemd" / "allocator@.service").read_text()
+    assert "StateDirectory=allocator/%i" in unit
+    assert "StateDirectoryMode=0700" in unit
+    assert "Environment=ALLOCATOR_NODE_STATE_DIR=%S/allocator/%i" in unit

@@ -17,6 +17,7 @@ the file runs in seconds; no assertion depends on them.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -25,13 +26,14 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 import pytest
-from kazoo.exceptions import NoNodeError
+from kazoo.exceptions import NoAuthError, NoNodeError
+from kazoo.security import make_digest_acl
 
-from allocator import fence
+from allocator import fence, zkclient
 from allocator import node as node_module
 from allocator.config import Config, load_config
 from allocator.election import Identity, ordered, sequence_of
-from allocator.errors import LayoutMismatchError
+from allocator.errors import ConfigError, LayoutMismatchError
 from allocator.fence import Token
 from allocator.health import NodeHealth
 from allocator.leadership import Term
@@ -58,11 +60,14 @@ CLOCK_SKEW_HANDOVER_S = 10.0
 DB_UNREACHABLE_S = 15.0
 SKEWED_MS = 5_000.0
 """Far beyond ``pool.max_clock_skew_ms`` (500 by default)."""
+ZK_AUTH = "allocator-test:not-a-real-secret"
+"""The nodes' ``zookeeper.auth``: the default path, every znode under our ACL."""
 FAST_PACING_S = {
     "RECHECK_INTERVAL_S": 0.02,
     "HANDOVER_CHECK_INTERVAL_S": 0.02,
     "STALE_TAKEOVER_BACKOFF_S": 0.02,
     "FENCE_AHEAD_BACKOFF_S": 0.02,
+    "ELECTION_SCAN_INTERVAL_S": 0.02,
 }
 
 
@@ -82,6 +87,7 @@ def node_config(name: str, settings: Mapping[str, object]) -> Config:
     return load_config(
         None,
         {
+            "zookeeper.auth": ZK_AUTH,
             "node.name": name,
             "node.admin_address": "127.0.0.1:0",
             "zookeeper.election_path": ELECTION,
@@ -187,12 +193,17 @@ class Cluster:
         clock_offset_ms: float = 0.0,
     ) -> Member:
         """Start a node named ``name``; the database's clock is ``clock_offset_ms`` off its."""
-        clients = ClientFactory(self.ensemble)
+        config = node_config(name, settings or {})
+        clients = ClientFactory(
+            self.ensemble,
+            auth=config.zookeeper.auth.get_secret_value(),
+            default_acl=zkclient.acl(config),
+        )
         store = FakeStore(self.database, clock_offset_ms=clock_offset_ms)
         jobs = FakeJobs()
         clock = FakeMonotonic()
         node = Node(
-            node_config(name, settings or {}),
+            config,
             store=store,
             zookeeper=clients,
             jobs=jobs,
@@ -204,7 +215,7 @@ class Cluster:
 
     def contender(self, identity: Identity) -> tuple[FakeKazooClient, str]:
         """A queued contender that is no node: a znode of its own session, for its data."""
-        client = self.ensemble.client()
+        client = self.ensemble.client(auth=ZK_AUTH)
         self._clients.append(client)
         client.start()
         prefix = f"{ELECTION}/n-{uuid.uuid4().hex}-"
@@ -570,3 +581,133 @@ def test_a_fenced_write_met_by_the_jobs_exits_with_code_4(cluster: Cluster) -> N
     assert not term.may_write()
     assert a.jobs.stops == 1
     assert cluster.database.fence().holder == "intruder"
+
+
+# -- ZooKeeper ACLs (issue 10: must show 1 and 2) ---------------------------------------------
+
+
+def bare_node(ensemble: FakeEnsemble, settings: Mapping[str, object]) -> Node:
+    """A node on ``ensemble`` outside the ``cluster`` fixture, for runs that end by raising."""
+    config = node_config("bare", settings)
+    return Node(
+        config,
+        store=FakeStore(FakeDatabase()),
+        zookeeper=ClientFactory(
+            ensemble,
+            auth=config.zookeeper.auth.get_secret_value(),
+            default_acl=zkclient.acl(config),
+        ),
+        jobs=FakeJobs(),
+        health=NodeHealth(clock=FakeMonotonic()),
+    )
+
+
+def test_a_node_without_zookeeper_auth_refuses_to_start() -> None:
+    ensemble = FakeEnsemble()
+    node = bare_node(ensemble, {"zookeeper.auth": ""})
+
+    with pytest.raises(ConfigError, match=r"zookeeper\.auth is not set.*zookeeper\.insecure"):
+        node.run()
+    assert ensemble.live_sessions() == set()
+    assert ensemble.children("/") == []
+
+
+def test_an_insecure_node_warns_at_start_and_runs(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="allocator.node")
+    a = cluster.node("a", {"zookeeper.auth": "", "zookeeper.insecure": True})
+
+    wait_for("a leads", a.leading)
+    assert a.metric("allocator_zookeeper_insecure") == 1
+    assert any("event=zookeeper_insecure" in r.getMessage() for r in caplog.records)
+    znode = a.znode()
+    assert znode is not None
+    stranger = cluster.ensemble.client()  # the open ACL: anyone may write, as before ACLs
+    stranger.start()
+    try:
+        stranger.set_async(znode, b"overwritten").get()
+    finally:
+        stranger.stop()
+        stranger.close()
+
+
+def test_a_nodes_znodes_carry_its_acl_and_a_stranger_can_do_nothing_to_them(
+    cluster: Cluster,
+) -> None:
+    a = cluster.node("a")
+    wait_for("a leads", a.leading)
+    znode = a.znode()
+    assert znode is not None
+    assert a.metric("allocator_zookeeper_insecure") == 0
+    ours = zkclient.acl(node_config("a", {}))
+    assert ours is not None
+    for path in (ELECTION, znode):
+        acl, _stat = a.clients.latest.get_acls_async(path).get()
+        assert zkclient.same_acl(acl, ours), path
+    stranger = cluster.ensemble.client()
+    stranger.start()
+    try:
+        for call in (
+            lambda: stranger.create_async(f"{ELECTION}/n-{uuid.uuid4().hex}-", b"", sequence=True),
+            lambda: stranger.set_async(znode, b"{}"),
+            lambda: stranger.delete_async(znode),
+            lambda: stranger.get_async(znode),
+            lambda: stranger.get_children_async(ELECTION),
+            lambda: stranger.set_acls_async(znode, []),
+        ):
+            with pytest.raises(NoAuthError):
+                call().get()
+    finally:
+        stranger.stop()
+        stranger.close()
+    assert a.leading()
+
+
+def test_a_node_takes_over_an_election_path_an_older_version_left_open(cluster: Cluster) -> None:
+    cluster.ensemble.set_data(ELECTION, b"")  # open ACL, as every version before ACLs made it
+    cluster.ensemble.set_data(fence.generation_path(ELECTION), b"0")
+    a = cluster.node("a")
+    wait_for("a leads", a.leading)
+
+    ours = zkclient.acl(node_config("a", {}))
+    assert ours is not None
+    for path in (ELECTION, fence.generation_path(ELECTION)):
+        acl, _stat = a.clients.latest.get_acls_async(path).get()
+        assert zkclient.same_acl(acl, ours), path
+
+
+def test_an_election_path_owned_by_another_identity_is_a_config_error() -> None:
+    ensemble = FakeEnsemble()
+    other = ensemble.client(auth="someone-else:theirs")
+    other.start()
+    other.ensure_path_async(
+        ELECTION, acl=[make_digest_acl("someone-else", "theirs", all=True)]
+    ).get()
+    other.stop()
+    node = bare_node(ensemble, {})
+
+    with pytest.raises(ConfigError, match=r"refused access.*zookeeper\.auth"):
+        node.run()
+    assert ensemble.children(ELECTION) == []
+
+
+def test_znodes_we_did_not_write_are_reported_and_change_no_place(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="allocator.node")
+    a = cluster.node("a")
+    term = wait_for("a leads", a.leading)
+    # Junk an older version or a careless operator left, with the cluster's own identity:
+    # a persistent lookalike, a foreign name, and an ephemeral entry holding garbage.
+    cluster.ensemble.set_data(f"{ELECTION}/n-{uuid.uuid4().hex}-0000000000", b"{}")
+    cluster.ensemble.set_data(f"{ELECTION}/lock", b"")
+    squatter, junk = cluster.contender(fit("squatter"))
+    squatter.set_async(junk, b"1e400").get()
+
+    wait_for("reported", lambda: a.metric("allocator_election_unparsable_znodes") == 1)
+    wait_for("ignored", lambda: a.metric("allocator_election_ignored_znodes") == 2)
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("event=election_znodes_unparsable" in m and junk in m for m in messages)
+    assert any("event=election_znodes_ignored" in m for m in messages)
+    assert a.leading() is term  # nothing moved

@@ -1,0 +1,144 @@
+"""Two kinds of option the CLI treats apart: dangerous choices, and options that could carry
+a secret.
+
+Rules:
+
+- A dangerous choice (a confirmation, a destructive target, an audit record's reason, what
+  runs as a node) is typed by a person each time: :func:`typed_option` makes an option that
+  no ``ALLOCATOR_*`` variable can set (click's ``allow_from_autoenv=False``, no
+  ``envvar``), whatever ``auto_envvar_prefix`` the group has. :data:`DANGEROUS_NAMES` lists
+  what such an option is called; a unit test walks every command and fails on an option
+  of one of these names (or a confirmation-like one) that the environment could set.
+- No flag carries a secret, because a command line shows in every process list.
+  :func:`database_url_option` gives a command ``--database-url`` and
+  ``--database-url-file``: a URL that holds a password (or any libpq secret parameter) is
+  refused on the command line, with one line saying where to put it instead: the
+  command's own ``ALLOCATOR_<COMMAND>_DATABASE_URL``, a file named by
+  ``--database-url-file`` (its first line is the URL), or libpq's ``PGPASSWORD`` /
+  ``PGPASSFILE`` with a password-free URL. The same URL from the environment is fine.
+  :func:`no_secret_pairs` does the same for ``NAME=VALUE`` options that set variables
+  (``local up --node-env``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+from click.core import ParameterSource
+
+from allocator import config as config_mod
+from allocator import redact
+from allocator.errors import UsageError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DANGEROUS_NAMES = frozenset({"yes", "target", "purge", "after_restore", "reason", "node_command"})
+"""Parameter names of the options no environment variable may set (see the module rules)."""
+
+NEVER_FROM_ENV = "Never read from the environment."
+SECRET_ENV_NAMES = frozenset(
+    config_mod.env_name(key) for key in config_mod.SECRET_KEYS if key != "postgres.url"
+)
+"""Variables whose every value is a secret (a URL is one only when it holds a password)."""
+
+
+def typed_option(*param_decls: str, **attrs: Any) -> Callable[[F], F]:
+    """``click.option`` for a dangerous choice: never taken from an ``ALLOCATOR_*`` variable."""
+    if attrs.get("envvar") or attrs.get("show_envvar"):
+        raise TypeError("a typed option has no environment variable")
+    attrs["help"] = f"{attrs.get('help', '')} {NEVER_FROM_ENV}".strip()
+    return click.option(*param_decls, allow_from_autoenv=False, envvar=None, **attrs)
+
+
+def _from_command_line(ctx: click.Context, param: click.Parameter) -> bool:
+    return param.name is not None and (
+        ctx.get_parameter_source(param.name) is ParameterSource.COMMANDLINE
+    )
+
+
+def _env_var(ctx: click.Context, param: click.Parameter) -> str:
+    if ctx.auto_envvar_prefix and param.name:
+        return f"{ctx.auto_envvar_prefix}_{param.name.upper()}"
+    return "the environment"
+
+
+def _check_database_url(
+    ctx: click.Context, param: click.Parameter, value: str | None
+) -> str | None:
+    if value and _from_command_line(ctx, param) and redact.carries_secret(value):
+        raise UsageError(
+            "--database-url must not carry a password on the command line (every process "
+            f"list shows it): set {_env_var(ctx, param)}, or put the URL in a file and pass "
+            "--database-url-file PATH, or leave the password out of the URL and give it "
+            "through PGPASSWORD or a PGPASSFILE"
+        )
+    return value
+
+
+def read_url_file(path: Path) -> str:
+    """The URL in ``path``: its first line, stripped (``--database-url-file``)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not UTF-8 text"
+        raise UsageError(f"--database-url-file {path}: cannot read it ({reason})") from None
+    lines = text.strip().splitlines()
+    if not lines or not lines[0].strip():
+        raise UsageError(f"--database-url-file {path}: the file is empty")
+    return lines[0].strip()
+
+
+def database_url_option(help: str) -> Callable[[F], F]:
+    """``--database-url`` (``help`` says whose URL) and ``--database-url-file``, handed to
+    the command as one ``database_url`` parameter (None when neither is given)."""
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            url, path = kwargs.pop("database_url"), kwargs.pop("database_url_file")
+            if url and path:
+                raise UsageError("give --database-url or --database-url-file, not both")
+            kwargs["database_url"] = read_url_file(path) if path else url
+            return func(*args, **kwargs)
+
+        click.option(
+            "--database-url-file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            default=None,
+            show_envvar=True,
+            help="A file whose first line is the PostgreSQL URL (for a URL with a password).",
+        )(command)
+        click.option(
+            "--database-url",
+            default=None,
+            show_envvar=True,
+            callback=_check_database_url,
+            help=f"{help} A URL with a password is refused here: use the variable, "
+            "--database-url-file, or PGPASSWORD / PGPASSFILE.",
+        )(command)
+        return command  # type: ignore[return-value]
+
+    return decorate
+
+
+def no_secret_pairs(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    """Callback of a repeatable ``NAME=VALUE`` option: refuses, on the command line, a
+    secret variable (``ALLOCATOR_ZOOKEEPER_AUTH``, ``ALLOCATOR_NODE_ADMIN_TOKEN``) or a value
+    that carries a password."""
+    if not _from_command_line(ctx, param):
+        return value
+    for pair in value:
+        name, _equals, text = pair.partition("=")
+        if (name.strip() in SECRET_ENV_NAMES and text) or redact.carries_secret(text):
+            flag = param.opts[0] if param.opts else "this option"
+            raise UsageError(
+                f"{flag} {name.strip()}=...: a secret is never taken from the command line "
+                f"(every process list shows it); set {_env_var(ctx, param)} instead"
+            )
+    return value

@@ -1,0 +1,244 @@
+"""ZooKeeper access: how every kazoo client of the project is built, and the ACL of every
+znode the cluster creates (DESIGN §11, ZooKeeper ACLs).
+
+Rules:
+
+- One identity per cluster: ``zookeeper.auth``, digest ``user:password``, from the
+  environment (``ALLOCATOR_ZOOKEEPER_AUTH``) or the config file, never a flag. Every client
+  (a node's, ``status``/``watch``/``step-down``'s, the operator commands', the embedded
+  cluster's tools) is built by :func:`client` and authenticates with it; kazoo re-sends it
+  on every reconnect.
+- What the cluster creates carries :func:`acl`: the identity has every right and nobody else
+  any, except read for the world with ``zookeeper.world_readable``. A client inside the
+  chroot has that ACL as its ``default_acl`` (everything it can create lies at or below the
+  chroot). A client without the chroot (``chroot=False``: to create the chroot after an
+  ensemble was wiped) has no default: :func:`ensure_chroot` creates the chroot's parents,
+  which other clusters may share, with ZooKeeper's usual open ACL and only the chroot with
+  ours.
+- Znodes a version without ACLs left open are taken over when a node starts
+  (:func:`secure`): the chroot, the election path and its parents below the chroot, and the
+  fence's znodes get our ACL when they carry another one. That needs ADMIN on them, which an
+  open ACL grants anybody; a znode whose ACL grants our identity nothing is a
+  :class:`~allocator.errors.ConfigError` naming ``zookeeper.auth``, as is every ``NoAuth``
+  answer (digest authentication itself never fails: a wrong password is only another
+  identity). Ephemeral election znodes are not taken over: they go with their sessions.
+- Without ``zookeeper.auth`` a node refuses to start unless ``zookeeper.insecure`` is set
+  (:func:`check_node`); then it warns at every start and ``config check`` says so
+  (:func:`warnings`). Without auth, kazoo's default (open) ACL is used.
+"""
+
+from __future__ import annotations
+
+import logging
+import posixpath
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
+from kazoo.retry import KazooRetry
+from kazoo.security import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, make_digest_acl
+
+from allocator import fence
+from allocator.config import Config
+from allocator.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+INSECURE_WARNING = (
+    "zookeeper.insecure is set and zookeeper.auth is empty: this node runs without ZooKeeper "
+    "ACLs; anyone who reaches ZooKeeper can stall the election or redirect step-down"
+)
+INSECURE_CHECK_WARNING = (
+    "zookeeper.insecure is set: a node would run without ZooKeeper ACLs; anyone who reaches "
+    "ZooKeeper could stall the election or redirect step-down"
+)
+NO_AUTH_ERROR = (
+    "zookeeper.auth is not set: a node refuses to run without ZooKeeper ACLs; set "
+    "ALLOCATOR_ZOOKEEPER_AUTH (user:password) or [zookeeper] auth in the config file, or "
+    "zookeeper.insecure = true to run without them"
+)
+NO_AUTH_WARNING = (
+    "zookeeper.auth is not set: `allocator run` refuses to start with this configuration "
+    "(set zookeeper.auth, or zookeeper.insecure = true to run without ZooKeeper ACLs)"
+)
+SECURE_ATTEMPTS = 3
+
+Wait = Callable[[Any], Any]
+"""Waits for a kazoo async result within the caller's bound and returns its value."""
+
+
+def credentials(config: Config) -> tuple[str, str] | None:
+    """``zookeeper.auth`` as (user, password); None when it is empty."""
+    user, _, password = config.zookeeper.auth.get_secret_value().partition(":")
+    return (user, password) if user else None
+
+
+def acl(config: Config) -> list[ACL] | None:
+    """The ACL of every znode the cluster creates; None (ZooKeeper's open ACL) without auth."""
+    return digest_acl(config.zookeeper.auth.get_secret_value(), config.zookeeper.world_readable)
+
+
+def digest_acl(auth: str, world_readable: bool = False) -> list[ACL] | None:
+    """All rights for the digest identity ``user:password`` (read for anyone too with
+    ``world_readable``); None for an empty ``auth``."""
+    user, _, password = auth.partition(":")
+    if not user:
+        return None
+    ours = [make_digest_acl(user, password, all=True)]
+    return ours + list(READ_ACL_UNSAFE) if world_readable else ours
+
+
+def client(
+    config: Config,
+    *,
+    chroot: bool = True,
+    logger: logging.Logger | None = None,
+    connection_retry: KazooRetry | None = None,
+    command_retry: KazooRetry | None = None,
+) -> KazooClient:
+    """A kazoo client (not started) for the config's ensemble, authenticated with
+    ``zookeeper.auth``; inside the chroot (with the cluster's ACL as ``default_acl``), or
+    with ``chroot=False`` at the ensemble's root (no default ACL: module rules)."""
+    zk = config.zookeeper
+    return client_for(
+        zk.hosts if chroot else zk.hosts.partition("/")[0],
+        zk.auth.get_secret_value(),
+        timeout_s=zk.session_timeout_ms / 1000,
+        default_acl=acl(config) if chroot else None,
+        logger=logger,
+        connection_retry=connection_retry,
+        command_retry=command_retry,
+    )
+
+
+def client_for(
+    hosts: str,
+    auth: str,
+    *,
+    timeout_s: float,
+    default_acl: Sequence[ACL] | None = None,
+    logger: logging.Logger | None = None,
+    connection_retry: KazooRetry | None = None,
+    command_retry: KazooRetry | None = None,
+) -> KazooClient:
+    """A kazoo client (not started) of ``hosts`` authenticated as ``auth`` (``user:password``
+    or empty), for tools that have no :class:`Config` (the embedded cluster's own)."""
+    options: dict[str, Any] = {}
+    if logger is not None:
+        options["logger"] = logger
+    if connection_retry is not None:
+        options["connection_retry"] = connection_retry
+    if command_retry is not None:
+        options["command_retry"] = command_retry
+    return KazooClient(
+        hosts=hosts,
+        timeout=timeout_s,
+        auth_data=[("digest", auth)] if auth else None,
+        default_acl=list(default_acl) if default_acl else None,
+        **options,
+    )
+
+
+def chroot_of(config: Config) -> str:
+    """The chroot of ``zookeeper.hosts`` (``zk1:2181/a/b`` → ``/a/b``), or ``""``."""
+    _servers, slash, rest = config.zookeeper.hosts.partition("/")
+    return (slash + rest).rstrip("/") if slash else ""
+
+
+def check_node(config: Config) -> None:
+    """Refuse a node without ``zookeeper.auth`` unless ``zookeeper.insecure`` (module rules)."""
+    if credentials(config) is None and not config.zookeeper.insecure:
+        raise ConfigError(NO_AUTH_ERROR)
+
+
+def warnings(config: Config) -> list[str]:
+    """What ``config check`` says about ZooKeeper access, one line each."""
+    if credentials(config) is not None:
+        return []
+    if config.zookeeper.insecure:
+        return [INSECURE_CHECK_WARNING]
+    return [NO_AUTH_WARNING]
+
+
+def access_refused(config: Config, what: str) -> ConfigError:
+    """The one-line error for a ``NoAuth`` answer while doing ``what``."""
+    who = "the identity in zookeeper.auth" if credentials(config) else "an unauthenticated client"
+    return ConfigError(
+        f"{what}: ZooKeeper at {config.zookeeper.hosts} refused access to {who}; "
+        "check zookeeper.auth (every node and operator of a cluster uses the same)"
+    )
+
+
+def owned_paths(config: Config) -> list[str]:
+    """Persistent znodes the cluster creates, as a chrooted client addresses them: the
+    chroot itself (``/``, only when there is a chroot), the election path with its parents,
+    and the fence's znodes beside it."""
+    election = config.zookeeper.election_path.rstrip("/")
+    parts = election.strip("/").split("/")
+    paths = ["/"] if chroot_of(config) else []
+    paths += ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
+    paths += [fence.generation_path(election), fence.watermark_path(election)]
+    return paths
+
+
+def secure(zk: Any, config: Config, wait: Wait, paths: Iterable[str] | None = None) -> list[str]:
+    """Give our ACL to each existing znode of ``paths`` (default :func:`owned_paths`) that
+    carries another one; returns those changed. A no-op without auth. ``zk`` is a started
+    client inside the chroot. Raises :class:`ConfigError` when ZooKeeper refuses."""
+    wanted = acl(config)
+    if wanted is None:
+        return []
+    changed: list[str] = []
+    for path in owned_paths(config) if paths is None else paths:
+        try:
+            if take_over(zk, path, wanted, wait):
+                changed.append(path)
+        except NoAuthError as exc:
+            raise access_refused(config, f"take over the ACL of {path}") from exc
+    return changed
+
+
+def take_over(zk: Any, path: str, wanted: Sequence[ACL], wait: Wait) -> bool:
+    """Set ``wanted`` on ``path`` unless it has it; True if set here. A concurrent change
+    of the ACL (another node starting) makes it read again."""
+    for _ in range(SECURE_ATTEMPTS):
+        try:
+            current, stat = wait(zk.get_acls_async(path))
+            if same_acl(current, wanted):
+                return False
+            wait(zk.set_acls_async(path, list(wanted), version=stat.aversion))
+        except NoNodeError:
+            return False
+        except BadVersionError:
+            continue
+        log.warning(
+            "event=zookeeper_acl_set path=%s: it carried another ACL (made by a version "
+            "without ZooKeeper ACLs?); now only zookeeper.auth's identity has rights",
+            path,
+        )
+        return True
+    return False  # others keep changing it: the next start looks again
+
+
+def same_acl(current: Sequence[ACL], wanted: Sequence[ACL]) -> bool:
+    """True if both grant the same rights to the same identities, in any order."""
+    return {(a.perms, a.id.scheme, a.id.id) for a in current} == {
+        (a.perms, a.id.scheme, a.id.id) for a in wanted
+    }
+
+
+def ensure_chroot(root: Any, chroot: str, wanted: Sequence[ACL] | None, wait: Wait) -> bool:
+    """Create ``chroot`` with ``wanted`` (its parents with the open ACL) through ``root``, a
+    started client without the chroot; True if it was created here. An existing chroot is
+    left as it is (:func:`secure` takes it over from inside)."""
+    if not chroot or chroot == "/":
+        return False
+    parent = posixpath.dirname(chroot)
+    if parent != "/":
+        wait(root.ensure_path_async(parent, acl=OPEN_ACL_UNSAFE))
+    try:
+        wait(root.create_async(chroot, b"", acl=list(wanted) if wanted else OPEN_ACL_UNSAFE))
+    except NodeExistsError:
+        return False
+    return True
