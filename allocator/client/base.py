@@ -189,10 +189,31 @@ def backoff_delay(
     return step / 2 + rng(0.0, step / 2)
 
 
+_BLANK = "".join(
+    chr(code)
+    for low, high in [
+        (0x09, 0x0D),
+        (0x20, 0x20),
+        (0x85, 0x85),
+        (0xA0, 0xA0),
+        (0x1680, 0x1680),
+        (0x180E, 0x180E),
+        (0x2000, 0x200F),
+        (0x2028, 0x202F),
+        (0x205F, 0x2064),
+        (0x3000, 0x3000),
+        (0xFEFF, 0xFEFF),
+    ]
+    for code in range(low, high + 1)
+)
+"""What ``claim_blocks`` counts as blank (migration 0008): white space, Unicode spaces,
+zero-width characters and the byte-order mark; a name of nothing else is empty."""
+
+
 def check_consumer(consumer: str) -> str:
     """``consumer`` if it is a name ``claim_blocks`` accepts (the database is the authority;
     this only catches mistakes before any I/O). Raises :class:`ClaimArgumentError`."""
-    if not isinstance(consumer, str) or not consumer.strip():
+    if not isinstance(consumer, str) or not consumer.strip(_BLANK):
         raise ClaimArgumentError("consumer must be a non-empty name", sqlstate="AL001")
     if len(consumer) > MAX_CONSUMER_CHARS:
         raise ClaimArgumentError(
@@ -200,7 +221,7 @@ def check_consumer(consumer: str) -> str:
             f"{MAX_CONSUMER_CHARS}",
             sqlstate="AL001",
         )
-    if any(ord(ch) < 32 or ord(ch) == 127 for ch in consumer):
+    if any(ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029" for ch in consumer):
         raise ClaimArgumentError("consumer name contains control characters", sqlstate="AL001")
     return consumer
 
