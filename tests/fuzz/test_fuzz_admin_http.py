@@ -9,7 +9,7 @@ documented (docs/admin-http.md; never 500) with no traceback, whose body is one 
 only on a ``202``, which only a request carrying ``Bearer <the token>`` to the server that has
 it gets: no other input changes the node's state.
 
-Inputs: 300 structured requests and 200 raw byte strings (derandomized: the same on every run).
+Inputs (``ci`` profile, derandomized): 300 structured requests and 200 raw byte strings.
 """
 
 from __future__ import annotations
@@ -18,23 +18,18 @@ import json
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from allocator import httpd
 from allocator.admin import STATUSES
 from tests.admin_server import TOKEN, Answer, Served, served
+from tests.fuzz.profiles import examples
 
 STRUCTURED_EXAMPLES = 300
 RAW_EXAMPLES = 200
 ANSWERS = STATUSES - {500}  # 500 is a bug
-FUZZ = settings(
-    derandomize=True,
-    database=None,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
 
 METHODS = ["GET", "HEAD", "POST", "PUT", "DELETE", "OPTIONS", "PATCH", "get", "Post", "CONNECT"]
 PATHS = [
@@ -152,7 +147,7 @@ def check(served: Served, raw: bytes, before: int) -> Answer:
     return answer
 
 
-@settings(FUZZ, max_examples=STRUCTURED_EXAMPLES)
+@settings(max_examples=examples(STRUCTURED_EXAMPLES))
 @given(
     choice=st.sampled_from([0, 1]),
     target=st.tuples(methods, paths) | st.sampled_from(STEP_DOWN_TARGETS),
@@ -188,7 +183,7 @@ def test_every_request_gets_a_documented_answer_and_no_unauthorised_step_down(
     check(server, raw, server.stubs.step_downs)
 
 
-@settings(FUZZ, max_examples=RAW_EXAMPLES)
+@settings(max_examples=examples(RAW_EXAMPLES))
 @given(choice=st.sampled_from([0, 1]), raw=st.binary(min_size=1, max_size=2000))
 def test_raw_bytes_get_a_documented_answer(
     servers: tuple[Served, Served], choice: int, raw: bytes

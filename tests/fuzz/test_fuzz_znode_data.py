@@ -100,7 +100,7 @@ znode_data = st.one_of(
 )
 
 
-@settings(max_examples=examples(300), derandomize=True, deadline=None)
+@settings(max_examples=examples(300))
 @given(data=znode_data)
 def test_identity_parse_is_total(data: bytes) -> None:
     identity, problem = Identity.parse(data)
@@ -166,7 +166,7 @@ def world(monkeypatch: pytest.MonkeyPatch) -> _World:
 
 
 def test_a_squatter_with_any_data_keeps_its_place_and_every_view_answers(world: _World) -> None:
-    @settings(max_examples=examples(150), derandomize=True, deadline=None)
+    @settings(max_examples=examples(150))
     @given(data=znode_data)
     def run(data: bytes) -> None:
         world.ensemble = ensemble = FakeEnsemble()
