@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import click
 
-from allocator.commands import (  # bench_claims / bench_slow_consumer register on `bench`
+from allocator.commands import (  # the bench_* modules register on `bench`
+    bench,
     bench_claims,  # noqa: F401
-    bench_client,
+    bench_client,  # noqa: F401
     bench_slow_consumer,  # noqa: F401
     claim,
     config_cmd,
@@ -22,7 +23,7 @@ from allocator.commands import (  # bench_claims / bench_slow_consumer register 
 )
 
 COMMANDS: list[click.Command] = [
-    bench_client.bench,
+    bench.bench,
     claim.claim,
     config_cmd.config,
     decode.decode,

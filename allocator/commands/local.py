@@ -22,7 +22,6 @@ import json
 import shlex
 import signal
 from pathlib import Path
-from typing import Any
 
 import click
 
@@ -36,21 +35,12 @@ STATE_DIR_ENV = "ALLOCATOR_LOCAL_STATE_DIR"
 DEFAULT_STATE_DIR = Path(".run")
 
 
-def _state_dir_option(func: Any) -> Any:
-    return click.option(
-        "--state-dir",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=DEFAULT_STATE_DIR,
-        envvar=STATE_DIR_ENV,
-        show_envvar=True,
-        help="State folder of the cluster; one folder per cluster.",
-    )(func)
-
-
-def _json_option(func: Any) -> Any:
-    return click.option(
-        "--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object."
-    )(func)
+_state_dir_option = options.state_dir_option(
+    DEFAULT_STATE_DIR,
+    help="State folder of the cluster; one folder per cluster.",
+    envvar=STATE_DIR_ENV,
+)
+_json_option = options.json_option(help="Print one JSON object.")
 
 
 @click.group("local")

@@ -18,6 +18,11 @@ Rules:
   ``PGPASSFILE`` with a password-free URL. The same URL from the environment is fine.
   :func:`no_secret_pairs` does the same for ``NAME=VALUE`` options that set variables
   (``local up --node-env``).
+- Options several commands share are declared once, here: ``--state-dir``
+  (:func:`state_dir_option`), ``--json-out`` / ``--json`` / ``--keep``
+  (:func:`json_out_option`, :func:`json_option`, :func:`keep_option`, together
+  :func:`bench_output_options`). A command passes what differs (its default folder, its
+  JSON file's stem, its help); names and types stay the same everywhere.
 """
 
 from __future__ import annotations
@@ -142,3 +147,50 @@ def no_secret_pairs(
                 f"(every process list shows it); set {_env_var(ctx, param)} instead"
             )
     return value
+
+
+def state_dir_option(
+    default: Path,
+    help: str = "State folder of the embedded cluster (and of the JSON).",
+    envvar: str | None = None,
+) -> Callable[[F], F]:
+    """``--state-dir``: a folder (not a file), ``default`` when not given."""
+    return click.option(
+        "--state-dir",
+        type=click.Path(file_okay=False, path_type=Path),
+        default=default,
+        envvar=envvar,
+        show_envvar=True,
+        help=help,
+    )
+
+
+def json_out_option(stem: str) -> Callable[[F], F]:
+    """``--json-out``: where the JSON goes, by default ``<state-dir>/<stem>-<time>.json``."""
+    return click.option(
+        "--json-out",
+        type=click.Path(dir_okay=False, path_type=Path),
+        default=None,
+        show_envvar=True,
+        help=f"Where to write the JSON. [default: <state-dir>/{stem}-<time>.json]",
+    )
+
+
+def json_option(help: str = "Print the JSON instead of the table.") -> Callable[[F], F]:
+    """``--json``, a flag handed to the command as ``as_json``."""
+    return click.option("--json", "as_json", is_flag=True, show_envvar=True, help=help)
+
+
+def keep_option(help: str = "Leave the embedded cluster running.") -> Callable[[F], F]:
+    """``--keep``: leave the embedded cluster running at the end."""
+    return click.option("--keep", is_flag=True, show_envvar=True, help=help)
+
+
+def bench_output_options(stem: str) -> Callable[[F], F]:
+    """``--json-out`` (default ``<state-dir>/<stem>-<time>.json``), ``--json`` and
+    ``--keep``, in that order: what every bench command ends its options with."""
+
+    def decorate(func: F) -> F:
+        return json_out_option(stem)(json_option()(keep_option()(func)))
+
+    return decorate

@@ -1,5 +1,6 @@
-"""What both ``allocator bench`` commands share: the embedded cluster they bring up and stop,
-progress lines, SIGTERM as an interrupt, and the timestamp in their JSON file names.
+"""What every ``allocator bench`` command shares: the embedded cluster it brings up and
+stops (or the given database), progress lines, SIGTERM as an interrupt, the machine's
+description, and writing and showing the JSON (named with a UTC timestamp).
 
 Rules: the embedded cluster is started here and stopped here (by pid, through
 :meth:`LocalCluster.down`) unless ``keep``; a second SIGTERM during that cleanup is
@@ -9,9 +10,12 @@ the pids the cluster ran. Progress goes to stderr, results to stdout.
 
 from __future__ import annotations
 
+import json
+import os
+import platform
 import signal
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
@@ -20,6 +24,7 @@ from typing import Any
 
 import click
 
+from allocator.bench.server import Server
 from allocator.local.cluster import ClusterInfo, LocalCluster
 
 NOT_EMBEDDED: dict[str, Any] = {"state_dir": None, "started": False, "stopped": False}
@@ -29,6 +34,19 @@ NOT_EMBEDDED: dict[str, Any] = {"state_dir": None, "started": False, "stopped": 
 def on_sigterm(signum: int, frame: FrameType | None) -> None:
     """A SIGTERM handler: stop the run like Ctrl-C (cleanup still runs)."""
     raise KeyboardInterrupt
+
+
+@contextmanager
+def interruptible() -> Iterator[None]:
+    """SIGTERM stops the run like Ctrl-C; either ends the command with click's Abort."""
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    except KeyboardInterrupt:
+        progress("interrupted")
+        raise click.Abort from None
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def progress(message: str) -> None:
@@ -74,3 +92,46 @@ def embedded_cluster(
             info_json["stopped"] = True
         elif came_up:
             progress(f"left running: allocator local down --state-dir {cluster.state_dir}")
+
+
+@contextmanager
+def bench_server(
+    url: str | None, state_dir: Path, keep: bool
+) -> Iterator[tuple[Server, dict[str, Any]]]:
+    """The server to bench on: ``url``, or the embedded cluster (no node)."""
+    if url:
+        yield Server(superuser_url=url), dict(NOT_EMBEDDED)
+        return
+    with embedded_cluster(state_dir, keep) as (info, info_json):
+        yield (
+            Server(superuser_url=info.database_url, consumer_url=info.consumer_database_url),
+            info_json,
+        )
+
+
+def machine(
+    load_before: tuple[float, float, float],
+    load_after: tuple[float, float, float],
+    **extra: Any,
+) -> dict[str, Any]:
+    """The JSON's ``machine`` object: CPUs, load averages around the run, Python."""
+    return {
+        "cpus": os.cpu_count(),
+        "loadavg_before": list(load_before),
+        "loadavg_after": list(load_after),
+        "python": platform.python_version(),
+        **extra,
+    }
+
+
+def emit(document: dict[str, Any], out: Path, as_json: bool, table: Iterable[str]) -> None:
+    """Write the JSON to ``out``; print it (``as_json``) or the table, then where it went."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    if as_json:
+        click.echo(json.dumps(document, indent=2))
+    else:
+        for line in table:
+            click.echo(line)
+        click.echo(f"JSON written to {out}")
+    progress(f"JSON written to {out}")

@@ -1,0 +1,87 @@
+"""The databases of ``allocator bench claims``: a stocked template and a fresh clone per run.
+
+Rules: the bench works in databases of its own (:data:`TEMPLATE_DB`, :data:`RUN_DB`), never
+in the allocator's database. The template is migrated and stocked once, as a leader would
+(``take_fence`` once, ``cut_blocks`` in arrays of :data:`CUT_BATCH_BLOCKS`), the SKIP LOCKED
+queue gets the same blocks, then ``VACUUM ANALYZE`` (the template only). Every measured run
+gets a fresh clone (``CREATE DATABASE … TEMPLATE … STRATEGY FILE_COPY``, then
+``CHECKPOINT``), dropped after its run; the template is dropped at the end.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import psycopg
+from psycopg import sql
+
+from allocator import migrate
+from allocator.bench.claims.sql import script
+from allocator.bench.server import Server, admin, drop_database
+from allocator.bench.stock import (
+    BENCH_LAYOUT,
+    BLOCK_SIZE_IDS,
+    CUT_BLOCKS,
+    EPOCH,
+    LAYOUT_JSON,
+    TAKE_FENCE,
+)
+
+CUT_BATCH_BLOCKS = 50_000
+TEMPLATE_DB = "bench_claims_template"
+RUN_DB = "bench_claims_run"
+
+
+def build_template(server: Server, blocks: int, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Create, migrate and stock :data:`TEMPLATE_DB` with ``blocks`` blocks in both queues."""
+    drop_database(server, RUN_DB)
+    drop_database(server, TEMPLATE_DB)
+    with admin(server) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(TEMPLATE_DB)))
+    url = server.url(TEMPLATE_DB)
+    progress(f"migrating {TEMPLATE_DB}")
+    migrate.upgrade_to_head(url)
+    started = time.monotonic()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(script("setup.sql"))
+        conn.execute(TAKE_FENCE, (EPOCH, os.getpid(), LAYOUT_JSON))
+        progress(f"cutting {blocks:,} blocks of {BLOCK_SIZE_IDS} IDs (cut_blocks)")
+        for start in range(0, blocks, CUT_BATCH_BLOCKS):
+            count = min(CUT_BATCH_BLOCKS, blocks - start)
+            ranges = [BENCH_LAYOUT.nth_block(start + k, BLOCK_SIZE_IDS) for k in range(count)]
+            firsts = [first for first, _ in ranges]
+            lasts = [last for _, last in ranges]
+            conn.execute(CUT_BLOCKS, (EPOCH, firsts, lasts, LAYOUT_JSON))
+        conn.execute(script("stock_queue.sql"), {"blocks": blocks, "block_size": BLOCK_SIZE_IDS})
+        progress("VACUUM ANALYZE of the template")
+        conn.execute("VACUUM ANALYZE")
+        size = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+    return {
+        "database": TEMPLATE_DB,
+        "blocks": blocks,
+        "block_size_ids": BLOCK_SIZE_IDS,
+        "stock_s": round(time.monotonic() - started, 2),
+        "bytes": int(size[0]) if size else 0,
+        "schema": "as migrated (stocked through cut_blocks)",
+    }
+
+
+@contextmanager
+def fresh_database(server: Server) -> Iterator[str]:
+    """A clone of the stocked template, checkpointed, dropped afterwards."""
+    drop_database(server, RUN_DB)
+    with admin(server) as conn:
+        conn.execute(
+            sql.SQL("CREATE DATABASE {} TEMPLATE {} STRATEGY FILE_COPY").format(
+                sql.Identifier(RUN_DB), sql.Identifier(TEMPLATE_DB)
+            )
+        )
+        conn.execute("CHECKPOINT")
+    try:
+        yield RUN_DB
+    finally:
+        drop_database(server, RUN_DB)

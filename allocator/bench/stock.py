@@ -1,0 +1,24 @@
+"""What every bench stocks a pool with: the layout, the epoch and the fenced SQL calls.
+
+Rules: blocks reach a bench database only through the fenced functions, as a leader would
+(``take_fence`` once, then ``cut_blocks``), with the default layout at datacenter 0; both
+SQL calls live here, in one named place.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Final
+
+from allocator.layout import Layout
+
+BLOCK_SIZE_IDS = 4096
+EPOCH = 1
+BENCH_LAYOUT = Layout()
+LAYOUT_JSON = json.dumps(BENCH_LAYOUT.record(0))
+"""The default layout, datacenter 0: what ``cut_blocks`` records and checks (migration 0003)."""
+
+TAKE_FENCE: Final = "SELECT * FROM allocator.take_fence(0, %s, 'bench', 'localhost', %s, %s)"
+"""Parameters: epoch, the bench's pid, :data:`LAYOUT_JSON`."""
+CUT_BLOCKS: Final = "SELECT * FROM allocator.cut_blocks(0, %s, %s, %s, %s, 1000)"
+"""Parameters: epoch, first IDs, last IDs, :data:`LAYOUT_JSON`."""

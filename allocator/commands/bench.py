@@ -1,0 +1,16 @@
+"""``allocator bench``: the benchmark group; each bench registers its own command on it.
+
+Rules: ``bench`` is a plain click group extended by ``bench_claims``, ``bench_client`` and
+``bench_slow_consumer`` (``@bench.command(...)`` in their own module);
+``allocator.commands`` registers the group once. The benches themselves live in
+:mod:`allocator.bench`.
+"""
+
+from __future__ import annotations
+
+import click
+
+
+@click.group("bench")
+def bench() -> None:
+    """Benchmarks: each prints a table and writes JSON (timings are reported, never judged)."""
