@@ -21,14 +21,18 @@ Rules:
   ``failed_rounds`` and not in the percentiles. After ``MAX_CONSECUTIVE_FAILURES`` failed
   rounds in a row the rest of the scenario is skipped (recorded as failed).
 - Percentiles are nearest-rank over the successful rounds (p99 of 20 rounds is the max).
-- Consumers: ``CONSUMERS`` threads claim one block every ``CLAIM_INTERVAL_S`` each through
-  the consumer URL (role ``allocator_app``) for the whole drill, and record every range.
+- Consumers: the product's recorder (:mod:`allocator.consumers`), ``CONSUMERS`` threads
+  claiming one block every ``CLAIM_INTERVAL_S`` each through the consumer URL (role
+  ``allocator_app``) for the whole drill, recording every block that returned.
   ``claim_errors`` counts failed claims other than "pool empty" (SQLSTATE AL003, counted
-  apart as ``pool_empty``).
-- Checks after each scenario (a few queries on the superuser URL): overlapping blocks, first
-  IDs not increasing in cutting (block_id) order, blocks cut by an epoch outside its term,
-  consumer records missing from the ledger or differing from it, and (in Python) a block or
-  an ID handed to consumers twice. Each finding is one entry of ``violations``.
+  apart as ``pool_empty``), ``claim_error_kinds`` the same by SQLSTATE.
+- The verdict after each scenario is the one invariant checker (:mod:`allocator.verify`,
+  the demo's and the chaos suite's too) over every record the consumers have so far and
+  what :mod:`allocator.verify_db` reads on the superuser URL (ledger, leader history,
+  fenced writes, the recorded layout; the clock bound is the nodes' default
+  ``pool.max_clock_ahead_ms``). Each violation is one entry of ``violations``, named by its
+  invariant with a message; a scenario lists only those no earlier scenario of the drill
+  reported.
 - ``stale_writes_rejected`` counts ``event=fenced_write_rejected`` lines the nodes logged
   during the scenario (their log files, from the byte offset at its start): the nodes'
   ``/metrics`` counters restart from zero with every restarted node, the logs do not.
@@ -38,11 +42,9 @@ Rules:
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
 import math
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -55,12 +57,17 @@ import psycopg
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from allocator import zkclient
+from allocator import consumers as consumers_mod
+from allocator import verify_db, zkclient
 from allocator.config import ZookeeperConfig
+from allocator.consumers import Consumers, ConsumerStats, StuckConsumersError
+from allocator.db import DEFAULT_MAX_CLOCK_AHEAD_MS
 from allocator.election import Contender, read_contenders
-from allocator.errors import AllocatorError, ZooKeeperUnavailableError
+from allocator.errors import AllocatorError, DatabaseError, ZooKeeperUnavailableError
+from allocator.layout import Layout
 from allocator.local import nodes as nodes_mod
 from allocator.local.cluster import ClusterInfo, LocalCluster
+from allocator.verify import Violation
 
 log = logging.getLogger(__name__)
 
@@ -77,13 +84,9 @@ HANDOVER_TIMEOUT_MARGIN_S = 10.0
 MAX_CONSECUTIVE_FAILURES = 3
 CONSUMERS = 2
 CLAIM_INTERVAL_S = 0.02
-CLAIM_ERROR_BACKOFF_S = 0.1
-CONSUMER_STOP_TIMEOUT_S = 10.0
 CONNECT_TIMEOUT_S = 5
 ZK_TIMEOUT_S = 15.0
 HTTP_TIMEOUT_S = 5.0
-MAX_EXAMPLES = 5
-POOL_EMPTY_SQLSTATE = "AL003"
 FENCED_WRITE_EVENT = b"event=fenced_write_rejected"
 ELECTION_PATH = ZookeeperConfig().election_path  # the local nodes use the default
 
@@ -93,43 +96,6 @@ READ_FENCE: Final = "SELECT epoch, holder, pid FROM allocator.fence"
 """The fence row, cheaply (``pool_status`` would also count the pool at every poll)."""
 
 READ_AVAILABLE_BLOCKS: Final = "SELECT available_blocks FROM allocator.pool_status"
-
-CLAIM_ONE: Final = "SELECT block_id, first_id, last_id FROM allocator.claim_blocks(%(consumer)s, 1)"
-
-CHECK_OVERLAPS: Final = (
-    "SELECT count(*), (array_agg(block_id ORDER BY block_id))[1:5] FROM ("
-    " SELECT block_id, first_id,"
-    " lag(last_id) OVER (ORDER BY first_id, block_id) AS prev_last"
-    " FROM allocator.block_ledger) x WHERE first_id <= prev_last"
-)
-"""I1: blocks whose range starts at or before the end of the block below them."""
-
-CHECK_CUT_ORDER: Final = (
-    "SELECT count(*), (array_agg(block_id ORDER BY block_id))[1:5] FROM ("
-    " SELECT block_id, first_id, max(last_id) OVER (ORDER BY block_id"
-    " ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_max"
-    " FROM allocator.block_ledger) x WHERE first_id <= prev_max"
-)
-"""I2: blocks not strictly after every block cut before them (cuts are serialised on the
-high-water row, so block_id order is cutting order)."""
-
-CHECK_STALE_EPOCHS: Final = (
-    "SELECT count(*), (array_agg(b.block_id ORDER BY b.block_id))[1:5]"
-    " FROM allocator.block_ledger b"
-    " LEFT JOIN allocator.leader_history t ON (t.generation, t.epoch) = (b.generation, b.epoch)"
-    " WHERE t.epoch IS NULL OR b.cut_at < t.elected_at OR b.cut_at > t.ended_at"
-)
-"""I3: blocks cut by an epoch that was not holding the fence at the time."""
-
-CHECK_CONSUMER_RECORDS: Final = (
-    "SELECT count(*), (array_agg(c.block_id ORDER BY c.block_id))[1:5]"
-    " FROM unnest(%(block_ids)s::bigint[], %(first_ids)s::bigint[], %(last_ids)s::bigint[],"
-    " %(consumers)s::text[]) AS c(block_id, first_id, last_id, consumer)"
-    " LEFT JOIN allocator.block_ledger l ON l.block_id = c.block_id"
-    " WHERE l.block_id IS NULL OR l.first_id <> c.first_id OR l.last_id <> c.last_id"
-    " OR l.claimed_by IS DISTINCT FROM c.consumer"
-)
-"""I1/I4: consumer records the ledger does not show as claimed by that consumer."""
 
 
 class DrillError(AllocatorError):
@@ -188,16 +154,6 @@ class RoundResult:
         }
 
 
-@dataclass(frozen=True)
-class Violation:
-    check: str
-    count: int
-    examples: tuple[Any, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        return {"check": self.check, "count": self.count, "examples": list(self.examples)}
-
-
 @dataclass
 class ScenarioResult:
     """One scenario; :meth:`to_json` has DESIGN §10's keys and more."""
@@ -209,6 +165,7 @@ class ScenarioResult:
     rounds: list[RoundResult] = field(default_factory=list)
     claims: int = 0
     claim_errors: int = 0
+    claim_error_kinds: dict[str, int] = field(default_factory=dict)
     claim_error_examples: list[str] = field(default_factory=list)
     pool_empty: int = 0
     stale_writes_rejected: int = 0
@@ -233,6 +190,7 @@ class ScenarioResult:
             "handover_ms": self.handover_summary(),
             "stale_writes_rejected": self.stale_writes_rejected,
             "claim_errors": self.claim_errors,
+            "claim_error_kinds": self.claim_error_kinds,
             "failed_rounds": self.failed_rounds,
             "session_timeout_ms": self.session_timeout_ms,
             "nodes": self.nodes,
@@ -420,137 +378,6 @@ def request_step_down(admin_url: str, token: str) -> None:
         raise DrillError(f"step-down at {admin_url} answered HTTP {code}, not 202")
 
 
-# -- consumers ----------------------------------------------------------------------------
-
-
-@dataclass
-class ConsumerStats:
-    claims: int = 0
-    claim_errors: int = 0
-    pool_empty: int = 0
-    error_examples: list[str] = field(default_factory=list)
-
-
-class Consumers:
-    """Threads that claim blocks through the consumer URL and record what they got."""
-
-    def __init__(
-        self,
-        url: str,
-        count: int = CONSUMERS,
-        interval_s: float = CLAIM_INTERVAL_S,
-        prefix: str = "drill-consumer",
-    ) -> None:
-        self._url = url
-        self._names = [f"{prefix}-{i}" for i in range(1, count + 1)]
-        self._interval_s = interval_s
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._stats = ConsumerStats()
-        self.records: list[tuple[int, int, int, str]] = []  # block_id, first, last, consumer
-        self._threads: list[threading.Thread] = []
-
-    def start(self) -> None:
-        for name in self._names:
-            thread = threading.Thread(target=self._run, args=(name,), name=name, daemon=True)
-            self._threads.append(thread)
-            thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(CONSUMER_STOP_TIMEOUT_S)
-
-    def snapshot(self) -> tuple[ConsumerStats, int]:
-        """A copy of the counters and how many records exist now."""
-        with self._lock:
-            s = self._stats
-            copy = ConsumerStats(s.claims, s.claim_errors, s.pool_empty, list(s.error_examples))
-            return copy, len(self.records)
-
-    def _run(self, name: str) -> None:
-        conn: psycopg.Connection[Any] | None = None
-        try:
-            while not self._stop.is_set():
-                try:
-                    if conn is None or conn.closed:
-                        conn = psycopg.connect(
-                            self._url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S
-                        )
-                    rows = conn.execute(CLAIM_ONE, {"consumer": name}).fetchall()
-                except psycopg.Error as exc:
-                    self._failed(name, exc)
-                    if conn is not None and conn.broken:
-                        conn.close()
-                        conn = None
-                    self._stop.wait(CLAIM_ERROR_BACKOFF_S)
-                    continue
-                with self._lock:
-                    self._stats.claims += len(rows)
-                    self.records.extend((int(b), int(f), int(t), name) for b, f, t in rows)
-                self._stop.wait(self._interval_s)
-        finally:
-            if conn is not None:
-                conn.close()
-
-    def _failed(self, name: str, exc: psycopg.Error) -> None:
-        with self._lock:
-            if exc.sqlstate == POOL_EMPTY_SQLSTATE:
-                self._stats.pool_empty += 1
-                return
-            self._stats.claim_errors += 1
-            if len(self._stats.error_examples) < MAX_EXAMPLES:
-                message = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-                self._stats.error_examples.append(f"{name}: {exc.sqlstate or '-'} {message}")
-
-
-# -- checks -------------------------------------------------------------------------------
-
-
-def check_records(records: Sequence[tuple[int, int, int, str]]) -> list[Violation]:
-    """Blocks or IDs handed out twice, from the consumers' own records."""
-    found: list[Violation] = []
-    seen: dict[int, int] = {}
-    twice: list[int] = []
-    for block_id, *_ in records:
-        seen[block_id] = seen.get(block_id, 0) + 1
-        if seen[block_id] == 2:
-            twice.append(block_id)
-    if twice:
-        found.append(Violation("block_claimed_twice", len(twice), tuple(twice[:MAX_EXAMPLES])))
-    unique = sorted({(first, last) for _b, first, last, _c in records})
-    overlaps = [(a[0], b[0]) for a, b in itertools.pairwise(unique) if b[0] <= a[1]]
-    if overlaps:
-        examples = tuple(list(pair) for pair in overlaps[:MAX_EXAMPLES])
-        found.append(Violation("ids_handed_out_twice", len(overlaps), examples))
-    return found
-
-
-def check_ledger(url: str, records: Sequence[tuple[int, int, int, str]]) -> list[Violation]:
-    """The ledger checks of the module rules (one connection, four queries)."""
-    found: list[Violation] = []
-    with psycopg.connect(url, autocommit=True, connect_timeout=CONNECT_TIMEOUT_S) as conn:
-        for check, statement in (
-            ("overlapping_blocks", CHECK_OVERLAPS),
-            ("cut_order_not_increasing", CHECK_CUT_ORDER),
-            ("block_cut_by_stale_epoch", CHECK_STALE_EPOCHS),
-        ):
-            row = conn.execute(statement).fetchone()
-            if row is not None and row[0]:
-                found.append(Violation(check, int(row[0]), tuple(row[1] or ())))
-        if records:
-            params = {
-                "block_ids": [r[0] for r in records],
-                "first_ids": [r[1] for r in records],
-                "last_ids": [r[2] for r in records],
-                "consumers": [r[3] for r in records],
-            }
-            row = conn.execute(CHECK_CONSUMER_RECORDS, params).fetchone()
-            if row is not None and row[0]:
-                found.append(Violation("claim_missing_from_ledger", int(row[0]), tuple(row[1])))
-    return found
-
-
 class LogCounter:
     """Counts ``event=fenced_write_rejected`` lines appended to the node logs since a mark."""
 
@@ -608,7 +435,12 @@ class Drill:
         self._timeout_ms = info.session_timeout_ms
         self._fence = FenceReader(info.database_url)
         self._zk: Any = None
-        self._consumers = Consumers(info.consumer_database_url)
+        self._consumers = Consumers(
+            info.consumer_database_url,
+            consumers_mod.named("drill-consumer", CONSUMERS),
+            pause_s=CLAIM_INTERVAL_S,
+        )
+        self._reported: set[Violation] = set()
         self._logs = LogCounter(n.log for n in info.nodes)
         self.pids: set[int] = set(_cluster_pids(info))
 
@@ -629,7 +461,10 @@ class Drill:
         self._consumers.start()
 
     def close(self) -> None:
-        self._consumers.stop()
+        try:
+            self._consumers.stop()
+        except StuckConsumersError as exc:
+            log.warning("event=consumers_stuck error=%s", exc)
         if self._zk is not None:
             self._zk.stop()
             self._zk.close()
@@ -644,7 +479,7 @@ class Drill:
             scenario, self._timeout_ms, len(self._names), len(self._info.zk_servers)
         )
         started = time.monotonic()
-        before, first_record = self._consumers.snapshot()
+        before = self._consumers.totals()
         self._logs.mark()
         failures = 0
         for number in range(1, rounds + 1):
@@ -656,19 +491,32 @@ class Drill:
             result.rounds.append(outcome)
             failures = 0 if outcome.ok else failures + 1
             self._progress(_round_line(scenario, outcome))
-        after, last_record = self._consumers.snapshot()
-        result.claims = after.claims - before.claims
-        result.claim_errors = after.claim_errors - before.claim_errors
-        result.pool_empty = after.pool_empty - before.pool_empty
-        result.claim_error_examples = after.error_examples[len(before.error_examples) :]
+        _record_claims(result, self._consumers.totals().since(before))
         result.stale_writes_rejected = self._logs.count()
-        records = self._consumers.records[:last_record]
-        scenario_records = records[first_record:]
-        result.violations = check_records(records) + check_ledger(
-            self._info.database_url, scenario_records
-        )
+        result.violations = self._new_violations()
         result.duration_s = time.monotonic() - started
         return result
+
+    def verdict(self) -> list[Violation]:
+        """Every violation of the run so far: the checker over the consumers' records and
+        the database's evidence. The records are taken first: a claim that returned before
+        the database is read has committed, so the ledger shows it (the consumers run on)."""
+        records = self._consumers.records()
+        try:
+            evidence = verify_db.read_url(self._info.database_url)
+        except DatabaseError as exc:
+            raise DrillError(f"cannot judge the run: {exc}") from exc
+        return verify_db.judge(
+            records,
+            evidence,
+            layout=Layout(),
+            max_clock_ahead_ms=DEFAULT_MAX_CLOCK_AHEAD_MS,
+        )
+
+    def _new_violations(self) -> list[Violation]:
+        found = [v for v in self.verdict() if v not in self._reported]
+        self._reported.update(found)
+        return found
 
     def wait_ready(self) -> Leader:
         """Wait (bounded) until every node is in the election and the first holds the fence."""
@@ -731,6 +579,14 @@ class Drill:
         return f"epoch {state.epoch} held by {state.holder}"
 
 
+def _record_claims(result: ScenarioResult, stats: ConsumerStats) -> None:
+    result.claims = stats.claims
+    result.claim_errors = stats.errors
+    result.claim_error_kinds = stats.error_kinds
+    result.claim_error_examples = stats.error_examples
+    result.pool_empty = stats.pool_empty
+
+
 def _cluster_pids(info: ClusterInfo) -> list[int]:
     pids = [s.pid for s in info.zk_servers] + [info.postgres.pid, info.supervisor_pid]
     pids += [n.pid for n in info.nodes]
@@ -791,7 +647,7 @@ def render_table(results: Sequence[ScenarioResult]) -> list[str]:
             str(r.claims),
             str(r.claim_errors),
             str(r.stale_writes_rejected),
-            str(sum(v.count for v in r.violations)),
+            str(len(r.violations)),
         ]
         lines.append(
             "  ".join(
@@ -800,6 +656,11 @@ def render_table(results: Sequence[ScenarioResult]) -> list[str]:
             )
         )
     return lines
+
+
+def render_violations(results: Sequence[ScenarioResult]) -> list[str]:
+    """One line per violation, named: ``<scenario>: <invariant>: <message>``."""
+    return [f"{r.scenario}: {v}" for r in results for v in r.violations]
 
 
 def document(

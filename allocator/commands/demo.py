@@ -8,8 +8,10 @@ purpose). Prints what happens and how long it took; asserts nothing about speed.
 The story: 3 ZooKeeper servers, PostgreSQL and 3 nodes come up; one node is elected and
 fills the pool; a consumer claims blocks with one SQL call (as the ``allocator_app`` role)
 while a live view shows the leader, the queue and the pool; midway the leader is SIGKILLed,
-the view shows the handover; the summary counts blocks claimed, the handover time and the
-duplicates found among the consumer's ranges (0).
+the view shows the handover; the summary counts blocks claimed, the handover time, claim
+errors and the violations the one invariant checker (:mod:`allocator.verify`, the drill's and
+the chaos suite's too) finds in the consumer's records and the database: 0, each named if
+not, and then the demo exits non-zero (:class:`DemoError`) after stopping everything.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -25,6 +28,7 @@ import click
 
 from allocator.commands.local import render
 from allocator.commands.ranges import FiniteFloatRange
+from allocator.errors import AllocatorError
 from allocator.local.cluster import LocalCluster
 from allocator.local.processes import is_pid_alive
 
@@ -32,15 +36,21 @@ if TYPE_CHECKING:
     import psycopg
     from kazoo.client import KazooClient
 
-    from allocator.drill import Consumers
+    from allocator.consumers import Consumers
     from allocator.local.cluster import ClusterInfo
+    from allocator.verify import Claim, Violation
 
 DEFAULT_STATE_DIR = Path(".run/demo")
+CONSUMER = "demo-consumer-1"
 VIEW_INTERVAL_S = 0.5
 CLAIM_PAUSE_S = 0.01
 LEADER_DEADLINE_S = 60.0
 ELECTION_PATH = "/election"
 DEMO_NODE_ENV = {"ALLOCATOR_POOL_MIN_BLOCKS": "1000", "ALLOCATOR_POOL_SAMPLE_INTERVAL_S": "1"}
+
+
+class DemoError(AllocatorError):
+    """The demo's run broke an invariant (the summary names each violation)."""
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
@@ -115,16 +125,11 @@ def _story(
     leader, epoch = _wait_for_leader(admin, None)
     _step(f"elected: {leader} (fence epoch {epoch}); it fills the pool")
     _wait_for_pool(admin)
-    from allocator.drill import Consumers, check_ledger, check_records
+    from allocator.consumers import Consumers
 
-    consumer = Consumers(
-        info.to_json()["consumer_database_url"],
-        count=1,
-        interval_s=CLAIM_PAUSE_S,
-        prefix="demo-consumer",
-    )
+    consumer = Consumers(info.consumer_database_url, {CONSUMER: 1}, pause_s=CLAIM_PAUSE_S)
     consumer.start()
-    _step("a consumer claims blocks: SELECT * FROM allocator.claim_blocks('demo-consumer-1')")
+    _step(f"a consumer claims blocks: SELECT * FROM allocator.claim_blocks('{CONSUMER}')")
     _view(admin, zk, consumer, phase_s)
     victim = cluster.status()
     pid = next(n.pid for n in victim.nodes if n.name == leader)
@@ -135,29 +140,45 @@ def _story(
     handover_s = time.monotonic() - killed_at
     _step(f"handover: {new_leader} took the fence (epoch {new_epoch}) after {handover_s:.2f} s")
     _view(admin, zk, consumer, phase_s)
-    consumer.stop()
-    stats, _ = consumer.snapshot()
-    records = consumer.records
-    duplicates = sum(v.count for v in check_records(records))
-    ledger = {v.check: v.count for v in check_ledger(info.database_url, records)}
-    missing = ledger.pop("claim_missing_from_ledger", 0)
-    session_timeout_ms = info.to_json().get("session_timeout_ms")
-    ids = sum(last - first + 1 for _, first, last, _ in records)
+    records = consumer.stop()
+    stats = consumer.totals()
+    violations = _verdict(info, records)
+    ids = sum(r.last_id - r.first_id + 1 for r in records)
+    errors = f" {stats.error_kinds}" if stats.error_kinds else ""
     click.echo("")
     click.echo("summary")
     click.echo(f"  blocks claimed      {len(records)} ({ids} IDs)")
     click.echo(
         f"  handover time       {handover_s:.2f} s after SIGKILL "
-        f"(session timeout {session_timeout_ms} ms)"
+        f"(session timeout {info.session_timeout_ms} ms)"
     )
-    click.echo(f"  duplicates found    {duplicates}")
-    click.echo(f"  missing from ledger {missing}")
+    click.echo(f"  violations          {len(violations)} (I1-I5: allocator.verify)")
+    for violation in violations:
+        click.echo(f"    {violation}")
     click.echo(
-        f"  ledger checks       {sum(ledger.values())} violations "
-        f"(overlap, cut order, stale epoch){' ' + str(sorted(ledger)) if ledger else ''}"
+        f"  pool-empty answers  {stats.pool_empty}; other claim errors {stats.errors}{errors}"
     )
-    click.echo(f"  pool-empty answers  {stats.pool_empty}; other claim errors {stats.claim_errors}")
     click.echo("")
+    if violations:
+        from allocator import verify
+
+        raise DemoError(
+            f"{len(violations)} invariant violation(s) ({verify.counts_text(violations)})"
+        )
+
+
+def _verdict(info: ClusterInfo, records: Sequence[Claim]) -> list[Violation]:
+    """The one invariant checker over the consumer's records and the database's evidence."""
+    from allocator import verify_db
+    from allocator.db import DEFAULT_MAX_CLOCK_AHEAD_MS
+    from allocator.layout import Layout
+
+    return verify_db.judge(
+        records,
+        verify_db.read_url(info.database_url),
+        layout=Layout(),
+        max_clock_ahead_ms=DEFAULT_MAX_CLOCK_AHEAD_MS,
+    )
 
 
 def _wait_for_leader(
@@ -200,7 +221,7 @@ def _view(
         queue = " > ".join(c.identity.name for c in read_contenders(zk, ELECTION_PATH)) or "-"
         click.echo(
             f"  {time.strftime('%H:%M:%S')}  fence {holder} (epoch {epoch})  queue {queue:<24}"
-            f"  pool {available} blocks  claimed {consumer.snapshot()[1]}"
+            f"  pool {available} blocks  claimed {consumer.record_count()}"
         )
         time.sleep(VIEW_INTERVAL_S)
 

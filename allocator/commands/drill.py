@@ -13,9 +13,11 @@ every pid the drill saw (servers, supervisor, every node incarnation), whether i
 the cluster, and any of those pids still alive after.
 
 The cluster is stopped at the end (by pid, through the manager; also on error, Ctrl-C and
-SIGTERM) unless ``--keep``. Progress lines go to stderr. Exit status: 0 when every round
-handed over and no violation was found; 1 otherwise (the table and JSON are still written).
-Timings are reported, never judged.
+SIGTERM) unless ``--keep``. Progress lines go to stderr. The verdict is the one invariant
+checker (:mod:`allocator.verify`): each violation is named (invariant and message) in the
+JSON's ``violations`` and, after the table, one line each. Exit status: 0 when every round
+handed over and no violation was found; 1 otherwise (the table and JSON are still written;
+the error line counts the violations per invariant). Timings are reported, never judged.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any
 import click
 
 from allocator import drill as drill_mod
+from allocator import verify
 from allocator.drill import Drill, DrillError, ScenarioResult
 from allocator.local import nodes as nodes_mod
 from allocator.local.cluster import MAX_NODES, LocalCluster
@@ -168,12 +171,20 @@ def drill(
     else:
         for line in drill_mod.render_table(results):
             click.echo(line)
+        found = drill_mod.render_violations(results)
+        if found:
+            click.echo("violations:")
+        for line in found:
+            click.echo(f"  {line}")
         click.echo(f"JSON written to {out}")
     _progress(f"JSON written to {out}")
     failed = sum(r.failed_rounds for r in results)
-    violations = sum(len(r.violations) for r in results)
+    violations = [v for r in results for v in r.violations]
     if failed or violations:
-        raise DrillError(f"{failed} failed round(s), {violations} violation(s); see {out}")
+        raise DrillError(
+            f"{failed} failed round(s), {len(violations)} violation(s) "
+            f"({verify.counts_text(violations)}); see {out}"
+        )
 
 
 def _progress(message: str) -> None:

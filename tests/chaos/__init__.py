@@ -1,4 +1,6 @@
-"""Chaos tests: faults through real mechanisms, each run judged by ``checker.check`` (I1-I5).
+"""Chaos tests: faults through real mechanisms, each run judged by the product's invariant
+checker (:func:`allocator.verify.check`, I1-I5 and the clock rule; the demo and the drill
+use the same one, and the same consumer recorder, :mod:`allocator.consumers`).
 
 Each scenario starts an embedded cluster of its own (``harness.ChaosCluster``: up ~2.5 s,
 down ~1.5 s, included below) and ends with the checker finding nothing, except the proof
@@ -14,7 +16,6 @@ docstring repeats it); the whole folder takes about 200 s:
  ~5   node-ZooKeeper link cut shorter than the session            test_zookeeper_link
  ~5   one ZooKeeper server (the ensemble's leader) killed         test_zookeeper_faults
  ~6   SIGSTOP of the leader past the session timeout              test_node_faults
- ~6   the fence-less leader (proof the checker catches I3)        test_checker_proof
  ~7   node-ZooKeeper link cut longer than the session             test_zookeeper_link
  ~7   SIGSTOP + silent partition: PostgreSQL fences it (AL100)    test_zookeeper_link
  ~5   a follower cut off past its session                         test_zookeeper_link
@@ -22,6 +23,7 @@ docstring repeats it); the whole folder takes about 200 s:
  ~2   the PostgreSQL proxy's black hole drops, never refuses      test_postgres_link
  ~3   a leader moving the mark an hour ahead (checker proof, I5)  test_checker_proof
  ~10  a leader's clock -1 min / +1 h / +60 years (libfaketime)    test_clock_skew (x3)
+ ~12  the fence-less leader (proof the checker catches I3)        test_checker_proof
  ~13  the leader's PostgreSQL link black-holed: it hands over     test_postgres_link
  ~14  every ZooKeeper server wiped, `fence rebase` (x2 modes)     test_zookeeper_rebuilt
  ~21  every node's PostgreSQL link black-holed: no churn          test_postgres_link

@@ -10,11 +10,15 @@ Rules:
   is still alive. The folder holds an ``owner.pid``: if this session dies without its
   teardown, the next session that starts the shared test servers reaps it
   (``tests/fixtures/cluster.py``); the harness never touches a cluster it did not start.
-- Consumers (:class:`Consumers`) are threads in the test process that claim through the
-  consumer URL (``allocator_app``, may only claim) with ``allocator.claim_blocks``. They
-  record every block that *returned* to them, count pool-empty answers (AL003) and other
-  errors, reconnect after any error and never stop on one; every loop is bounded (a claim
-  budget and a deadline), and each claim is paced (a rate, not a wait for state).
+- Consumers are the product's recorder (:class:`allocator.consumers.Consumers`, the one the
+  demo and the drill use): threads in the test process that claim through the consumer URL
+  (``allocator_app``, may only claim) with ``allocator.claim_blocks``, record every block
+  that *returned* to them, count pool-empty answers (AL003) and other errors by kind,
+  reconnect after any error and never stop on one. :func:`chaos_consumers` builds them with
+  the suite's names and bounds: every loop is bounded (a claim budget and a deadline), and
+  each claim is paced (a rate, not a wait for state).
+- The verdict is the product's checker (:mod:`allocator.verify`) over the evidence
+  :mod:`allocator.verify_db` reads: :meth:`ChaosCluster.check`, :meth:`ChaosCluster.assert_clean`.
 - Faults go through real mechanisms only: the cluster manager's signals, ZooKeeper and
   PostgreSQL stops, a TCP proxy (:mod:`tests.chaos.proxy`), nodes built in ``tests/``
   through the node's seams (:data:`UNSAFE_NODE_COMMAND`), libfaketime, and the session a
@@ -38,11 +42,10 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
@@ -50,8 +53,9 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from allocator import session_file
+from allocator import session_file, verify_db
 from allocator.config import load_config
+from allocator.consumers import Consumers
 from allocator.db import DEFAULT_MAX_CLOCK_AHEAD_MS
 from allocator.layout import Layout
 from allocator.local import nodes as nodes_mod
@@ -59,15 +63,7 @@ from allocator.local.cluster import ClusterInfo, LocalCluster, NodeInfo
 from allocator.local.ports import LOOPBACK, pick_free_ports
 from allocator.local.processes import is_pid_alive, tail
 from allocator.session_file import SessionRecord
-from tests.chaos.checker import (
-    Claim,
-    LedgerRow,
-    TermRow,
-    Violation,
-    WriteRow,
-    check,
-    summary,
-)
+from allocator.verify import Claim, LedgerRow, TermRow, Violation, WriteRow, summary
 from tests.fixtures.cluster import OWNER_FILE, STATE_PREFIX, cluster_pids
 
 T = TypeVar("T")
@@ -152,134 +148,30 @@ def layout() -> Layout:
 
 # -- consumers --------------------------------------------------------------------------------
 
+CONSUMER_NAMES: Mapping[str, int] = {"chaos-c1": 1, "chaos-c2": 3}
+"""The suite's consumers and the blocks each asks for per call."""
+CLAIM_BUDGET = 20_000
+"""Calls per consumer at most."""
+CLAIM_DEADLINE_S = 240.0
+"""Seconds a consumer claims at most."""
 
-@dataclass
-class ConsumerStats:
-    claims: int = 0
-    pool_empty: int = 0
-    errors: int = 0
-    error_kinds: dict[str, int] = field(default_factory=dict)
 
-
-class Consumers:
-    """Threads claiming blocks in a bounded loop; see the module rules.
-
-    ``names`` maps each consumer's name to the blocks it asks for per call; ``options``
-    gives a consumer's connections libpq options (``-c synchronous_commit=off``). Use as a
-    context manager, or :meth:`start` and :meth:`stop` (always called: it joins).
-    """
-
-    def __init__(
-        self,
-        url: str,
-        names: Mapping[str, int] | None = None,
-        *,
-        pause_s: float = 0.02,
-        max_calls: int = 20_000,
-        deadline_s: float = 240.0,
-        options: Mapping[str, str] | None = None,
-    ) -> None:
-        self._url = url
-        self._names = dict(names or {"chaos-c1": 1, "chaos-c2": 3})
-        self._options = dict(options or {})
-        """Per consumer: libpq ``options`` of its connections (e.g. session settings)."""
-        self._pause_s = pause_s
-        self._max_calls = max_calls
-        self._deadline_s = deadline_s
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._records: list[Claim] = []
-        self.stats = {name: ConsumerStats() for name in self._names}
-        self._threads = [
-            threading.Thread(target=self._run, args=(name, n), name=f"consumer-{name}", daemon=True)
-            for name, n in self._names.items()
-        ]
-
-    def start(self) -> Consumers:
-        for thread in self._threads:
-            thread.start()
-        return self
-
-    def stop(self) -> list[Claim]:
-        self._stop.set()
-        for thread in self._threads:
-            thread.join(10.0)
-        stuck = [t.name for t in self._threads if t.is_alive()]
-        assert not stuck, f"consumer threads did not stop: {stuck}"
-        return self.records()
-
-    def __enter__(self) -> Consumers:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    def records(self) -> list[Claim]:
-        with self._lock:
-            return list(self._records)
-
-    def count(self, since: float = 0.0, until: float = float("inf")) -> int:
-        """Blocks that returned to consumers in ``[since, until)`` (``time.time()``)."""
-        with self._lock:
-            return sum(since <= r.returned_at < until for r in self._records)
-
-    def total(self, attribute: str) -> int:
-        return sum(int(getattr(s, attribute)) for s in self.stats.values())
-
-    def describe(self) -> str:
-        return ", ".join(
-            f"{name}: {s.claims} blocks, {s.pool_empty} pool-empty, {s.errors} errors "
-            f"{s.error_kinds or ''}".rstrip()
-            for name, s in self.stats.items()
-        )
-
-    def _run(self, name: str, n: int) -> None:
-        stats = self.stats[name]
-        deadline = time.monotonic() + self._deadline_s
-        conn: psycopg.Connection[Any] | None = None
-        try:
-            for _ in range(self._max_calls):
-                if self._stop.is_set() or time.monotonic() >= deadline:
-                    return
-                try:
-                    if conn is None or conn.closed:
-                        conn = psycopg.connect(
-                            self._url,
-                            autocommit=True,
-                            connect_timeout=DB_CONNECT_TIMEOUT_S,
-                            options=self._options.get(name, ""),
-                        )
-                    rows = conn.execute(
-                        "SELECT block_id, first_id, last_id FROM allocator.claim_blocks(%s, %s)",
-                        (name, n),
-                    ).fetchall()
-                except psycopg.Error as exc:
-                    self._failed(stats, exc)
-                    if exc.sqlstate != AL003_POOL_EMPTY and conn is not None:
-                        with contextlib.suppress(psycopg.Error):
-                            conn.close()
-                    self._stop.wait(self._pause_s * 5)
-                    continue
-                returned_at = time.time()
-                with self._lock:
-                    self._records.extend(
-                        Claim(int(b), int(f), int(last), name, returned_at) for b, f, last in rows
-                    )
-                    stats.claims += len(rows)
-                self._stop.wait(self._pause_s)
-        finally:
-            if conn is not None:
-                with contextlib.suppress(psycopg.Error):
-                    conn.close()
-
-    def _failed(self, stats: ConsumerStats, exc: psycopg.Error) -> None:
-        with self._lock:
-            if exc.sqlstate == AL003_POOL_EMPTY:
-                stats.pool_empty += 1
-                return
-            stats.errors += 1
-            kind = exc.sqlstate or type(exc).__name__
-            stats.error_kinds[kind] = stats.error_kinds.get(kind, 0) + 1
+def chaos_consumers(
+    url: str,
+    names: Mapping[str, int] | None = None,
+    *,
+    pause_s: float = 0.02,
+    options: Mapping[str, str] | None = None,
+) -> Consumers:
+    """The product's recorder with the suite's names and bounds (not started)."""
+    return Consumers(
+        url,
+        names or CONSUMER_NAMES,
+        pause_s=pause_s,
+        max_calls=CLAIM_BUDGET,
+        deadline_s=CLAIM_DEADLINE_S,
+        options=options,
+    )
 
 
 # -- node processes a scenario runs itself ---------------------------------------------------
@@ -518,28 +410,16 @@ class ChaosCluster:
 
     def ledger(self) -> list[LedgerRow]:
         with self._connect() as conn:
-            rows = conn.execute(
-                "SELECT block_id, first_id, last_id, epoch, cut_at, claimed_by, claimed_at,"
-                " generation FROM allocator.block_ledger ORDER BY block_id"
-            ).fetchall()
-        return [LedgerRow(*row) for row in rows]
+            return verify_db.read_ledger(conn)
 
     def history(self) -> list[TermRow]:
         with self._connect() as conn:
-            rows = conn.execute(
-                "SELECT epoch, holder, elected_at, ended_at, end_reason, generation"
-                " FROM allocator.leader_history ORDER BY elected_at, generation, epoch"
-            ).fetchall()
-        return [TermRow(*row) for row in rows]
+            return verify_db.read_history(conn)
 
     def writes(self) -> list[WriteRow]:
         """The fenced requeues and prunes that changed something, in write order."""
         with self._connect() as conn:
-            rows = conn.execute(
-                "SELECT write_id, written_at, kind, generation, epoch, blocks"
-                " FROM allocator.fenced_writes ORDER BY write_id"
-            ).fetchall()
-        return [WriteRow(*row) for row in rows]
+            return verify_db.read_writes(conn)
 
     def blocks_cut(self, *, epoch: int | None = None, after: datetime | None = None) -> int:
         """Blocks in the ledger (of ``epoch``, cut after ``after``)."""
@@ -605,17 +485,17 @@ class ChaosCluster:
     # -- the verdict ---------------------------------------------------------------------------
 
     def check(self, records: Sequence[Claim], *, initial_lead_ms: int = 0) -> list[Violation]:
-        """The checker over this run: the consumers' records, the ledger, the history and the
-        fenced writes; the clock bound as the nodes are configured."""
+        """The checker over this run: the consumers' records, the ledger, the history, the
+        fenced writes and the recorded layout; the clock bound as the nodes are configured."""
         max_ahead_ms = int(
             self._node_env.get("ALLOCATOR_POOL_MAX_CLOCK_AHEAD_MS", DEFAULT_MAX_CLOCK_AHEAD_MS)
         )
-        return check(
+        with self._connect() as conn:
+            evidence = verify_db.read(conn)
+        return verify_db.judge(
             records,
-            self.ledger(),
-            self.history(),
-            layout(),
-            self.writes(),
+            evidence,
+            layout=layout(),
             max_clock_ahead_ms=max_ahead_ms,
             initial_lead_ms=initial_lead_ms,
         )

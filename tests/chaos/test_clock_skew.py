@@ -23,7 +23,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from tests.chaos.harness import ChaosCluster, Consumers, log_events, metric, wait_for
+from tests.chaos.harness import ChaosCluster, chaos_consumers, log_events, metric, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -66,7 +66,7 @@ def test_a_leader_whose_clock_disagrees_cuts_nothing_and_hands_over_to_a_good_cl
         first = chaos.wait_leader()
         skewed = chaos.start_extra_node("skewed", faketime_env(offset))
         chaos.wait_role(skewed.admin_url, "follower", "the skewed node to queue")
-        consumers = Consumers(chaos.info().consumer_database_url).start()
+        consumers = chaos_consumers(chaos.info().consumer_database_url).start()
         try:
             wait_for(lambda: consumers.count() >= CLAIMS, "claims before the fault")
             chaos.wait_pool(600)  # enough for the rest of the test while nobody may cut

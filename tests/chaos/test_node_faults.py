@@ -15,7 +15,7 @@ import pytest
 from allocator.node import EXIT_FENCED, EXIT_SESSION_LOST
 from tests.chaos.harness import (
     ChaosCluster,
-    Consumers,
+    chaos_consumers,
     http_json,
     log_events,
     now_utc,
@@ -49,7 +49,7 @@ def test_sigkill_of_the_leader_hands_over_and_consumers_keep_claiming() -> None:
     with ChaosCluster(zk=1, nodes=3) as chaos:
         old = chaos.wait_leader()
         chaos.wait_pool(300)
-        consumers = Consumers(chaos.info().consumer_database_url).start()
+        consumers = chaos_consumers(chaos.info().consumer_database_url).start()
         try:
             wait_for(lambda: consumers.count() >= CLAIMS_BEFORE_FAULT, "claims before the fault")
             chaos.cluster.signal_node(old.name, "SIGKILL")
@@ -83,7 +83,7 @@ def test_sigstop_of_the_leader_past_the_session_timeout_fences_it_out() -> None:
     with ChaosCluster(zk=1, nodes=3) as chaos:
         old = chaos.wait_leader()
         chaos.wait_pool(300)
-        consumers = Consumers(chaos.info().consumer_database_url).start()
+        consumers = chaos_consumers(chaos.info().consumer_database_url).start()
         try:
             wait_for(lambda: consumers.count() >= CLAIMS_BEFORE_FAULT, "claims before the fault")
             chaos.cluster.signal_node(old.name, "SIGSTOP")
@@ -132,7 +132,7 @@ def test_forced_session_expiry_of_the_leader_makes_it_stop_itself() -> None:
         chaos.wait_pool(300)
         info = chaos.info()
         victim_url = chaos.node(old.name).admin_url
-        consumers = Consumers(info.consumer_database_url).start()
+        consumers = chaos_consumers(info.consumer_database_url).start()
         try:
             wait_for(lambda: consumers.count() >= CLAIMS_BEFORE_FAULT, "claims before the fault")
             status = http_json(f"{victim_url}/status")

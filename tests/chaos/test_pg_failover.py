@@ -26,7 +26,7 @@ import psycopg
 import pytest
 
 from allocator.local import postgres
-from tests.chaos.harness import ChaosCluster, Consumers, now_utc, wait_for
+from tests.chaos.harness import ChaosCluster, chaos_consumers, now_utc, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -50,7 +50,7 @@ def test_failover_to_a_synchronous_standby_keeps_every_acknowledged_claim() -> N
         chaos.wait_pool(300)
         info = chaos.info()
         assert [s.sync_state for s in info.pg_servers] == [None, "sync"]
-        consumers = Consumers(
+        consumers = chaos_consumers(
             info.consumer_database_url, {"chaos-one": 1, "chaos-three": 3}
         ).start()
         try:
@@ -111,7 +111,7 @@ def test_failover_to_an_asynchronous_standby_loses_acknowledged_claims() -> None
             lambda: postgres.sync_state(primary.port, superuser) == "async",
             "replication to turn asynchronous",
         )
-        consumers = Consumers(
+        consumers = chaos_consumers(
             info.consumer_database_url, {"chaos-one": 1, "chaos-three": 3}
         ).start()
         try:

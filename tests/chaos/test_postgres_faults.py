@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 
-from tests.chaos.harness import ChaosCluster, Consumers, now_utc, wait_for
+from tests.chaos.harness import ChaosCluster, chaos_consumers, now_utc, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +35,7 @@ def test_postgres_crash_during_refill_loses_no_returned_claim_and_writes_resume(
     with ChaosCluster(zk=1, nodes=2) as chaos:
         old = chaos.wait_leader()
         chaos.wait_pool(300)
-        consumers = Consumers(
+        consumers = chaos_consumers(
             chaos.info().consumer_database_url,
             {"chaos-sync": 1, "chaos-async": 3},
             options={"chaos-async": ASYNC_COMMIT},
@@ -48,7 +48,7 @@ def test_postgres_crash_during_refill_loses_no_returned_claim_and_writes_resume(
             )
             chaos.cluster.stop_postgres(mode="immediate")
             crashed = time.time()
-            wait_for(lambda: consumers.total("errors"), "the consumers to notice the crash")
+            wait_for(lambda: consumers.totals().errors, "the consumers to notice the crash")
             restarted_at = now_utc()
             chaos.cluster.start_postgres()
             chaos.wait_cutting(old.epoch, after=restarted_at)

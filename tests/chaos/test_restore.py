@@ -25,7 +25,7 @@ from allocator import zkclient
 from allocator.fence import Watermark, watermark_path
 from allocator.local import postgres
 from allocator.local.cluster import ClusterInfo
-from tests.chaos.harness import ChaosCluster, Consumers, wait_for
+from tests.chaos.harness import ChaosCluster, chaos_consumers, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -96,7 +96,7 @@ def test_a_restore_by_the_procedure_hands_out_no_id_twice() -> None:
         superuser, port = info.postgres.superuser, info.postgres.port
         admin_url = postgres.database_url(superuser, port, "postgres")
         dump = chaos.state_dir / "allocator.dump"
-        consumers = Consumers(info.consumer_database_url).start()
+        consumers = chaos_consumers(info.consumer_database_url).start()
         try:
             wait_for(lambda: consumers.count() >= CLAIMS, "claims before the dump")
             pg_tool(

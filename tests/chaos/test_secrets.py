@@ -37,7 +37,7 @@ from psycopg import sql
 
 from allocator import cli
 from allocator.local import nodes as nodes_mod
-from tests.chaos.harness import ChaosCluster, Consumers, ExtraNode, now_utc
+from tests.chaos.harness import ChaosCluster, ExtraNode, chaos_consumers, now_utc
 from tests.fixtures.cluster import cluster_pids
 
 pytestmark = pytest.mark.integration
@@ -161,7 +161,7 @@ def test_no_secret_in_any_log_output_or_process_list(tmp_path: Path) -> None:
         ]
         first = chaos.wait_leader()
         chaos.wait_pool(100)
-        consumers = Consumers(app_url).start()  # claims make the leaders cut
+        consumers = chaos_consumers(app_url).start()  # claims make the leaders cut
 
         cli_env = {
             **nodes_mod.base_env(os.environ),

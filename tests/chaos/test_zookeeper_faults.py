@@ -18,7 +18,7 @@ from allocator.node import EXIT_SESSION_LOST
 from tests.chaos.harness import (
     SESSION_TIMEOUT_S,
     ChaosCluster,
-    Consumers,
+    chaos_consumers,
     http_json,
     now_utc,
     wait_for,
@@ -45,7 +45,7 @@ def test_one_zookeeper_server_killed_the_cluster_keeps_a_leader_and_keeps_cuttin
             lambda: next((s for s in chaos.info().zk_servers if s.mode == "leader"), None),
             "the ZooKeeper ensemble's leader",
         )
-        consumers = Consumers(chaos.info().consumer_database_url).start()
+        consumers = chaos_consumers(chaos.info().consumer_database_url).start()
         try:
             wait_for(lambda: consumers.count() >= CLAIMS, "claims before the fault")
             chaos.cluster.stop_zk(victim.id)
@@ -88,7 +88,7 @@ def test_quorum_lost_nothing_is_written_then_restored_cutting_resumes() -> None:
     with ChaosCluster(zk=3, nodes=3) as chaos:
         old = chaos.wait_leader()
         info = chaos.info()
-        consumers = Consumers(info.consumer_database_url).start()
+        consumers = chaos_consumers(info.consumer_database_url).start()
         try:
             wait_for(lambda: consumers.count() >= CLAIMS, "claims before the fault")
             chaos.wait_pool(1000)

@@ -22,8 +22,8 @@ import pytest
 from allocator.node import EXIT_FENCED, EXIT_SESSION_LOST
 from tests.chaos.harness import (
     ChaosCluster,
-    Consumers,
     ExtraNode,
+    chaos_consumers,
     eventually,
     http_json,
     log_events,
@@ -65,7 +65,7 @@ def test_zookeeper_link_cut_shorter_than_the_session_keeps_the_same_leader() -> 
             assert old.name == "proxied"
             rival = chaos.up(nodes=1).nodes[0]
             chaos.wait_role(rival.admin_url, "follower", "the rival to queue")
-            consumers = Consumers(chaos.info().consumer_database_url).start()
+            consumers = chaos_consumers(chaos.info().consumer_database_url).start()
             try:
                 wait_for(lambda: consumers.count() >= CLAIMS, "claims before the cut")
                 proxy.cut()
@@ -111,7 +111,7 @@ def test_zookeeper_link_cut_longer_than_the_session_hands_over() -> None:
             assert old.name == "proxied"
             rival = chaos.up(nodes=1).nodes[0]
             chaos.wait_role(rival.admin_url, "follower", "the rival to queue")
-            consumers = Consumers(chaos.info().consumer_database_url).start()
+            consumers = chaos_consumers(chaos.info().consumer_database_url).start()
             try:
                 wait_for(lambda: consumers.count() >= CLAIMS, "claims before the cut")
                 proxy.cut()
@@ -148,7 +148,7 @@ def test_leader_paused_behind_a_silent_partition_is_fenced_by_postgres() -> None
             assert old.name == "proxied"
             rival = chaos.up(nodes=1).nodes[0]
             chaos.wait_role(rival.admin_url, "follower", "the rival to queue")
-            consumers = Consumers(chaos.info().consumer_database_url).start()
+            consumers = chaos_consumers(chaos.info().consumer_database_url).start()
             try:
                 wait_for(lambda: consumers.count() >= CLAIMS, "claims before the fault")
                 node.signal(signal.SIGSTOP)

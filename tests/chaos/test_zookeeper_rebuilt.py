@@ -28,7 +28,7 @@ from kazoo.client import KazooClient
 
 from allocator.local import nodes as nodes_mod
 from allocator.local import zookeeper as zk_mod
-from tests.chaos.harness import ChaosCluster, Consumers, http_json, log_events, wait_for
+from tests.chaos.harness import ChaosCluster, chaos_consumers, http_json, log_events, wait_for
 from tests.fixtures.pg import LAYOUT_JSON
 
 pytestmark = pytest.mark.integration
@@ -116,7 +116,7 @@ def test_a_wiped_ensemble_is_reported_and_one_rebase_brings_the_cluster_back(mod
         chaos.up(nodes=2)
         old = chaos.wait_leader()
         assert old.epoch & 0xFFFF_FFFF > OLD_ZXIDS
-        consumers = Consumers(chaos.info().consumer_database_url).start()
+        consumers = chaos_consumers(chaos.info().consumer_database_url).start()
         try:
             wait_for(lambda: consumers.count() >= CLAIMS, "claims before the fault")
             chaos.wait_pool(1000)  # the pool must outlast the outage and the re-base

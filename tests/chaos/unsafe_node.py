@@ -1,4 +1,5 @@
-"""TEST ONLY: a deliberately broken node, the proof that the chaos checker catches a dual master.
+"""TEST ONLY: a deliberately broken node, the proof that the invariant checker catches a dual
+master.
 
 Run as ``python -m tests.chaos.unsafe_node`` with the same ``ALLOCATOR_*`` environment as
 ``allocator run``. It is a real node wired by the product's composition root
@@ -14,13 +15,20 @@ node's seams, never through a switch in the product (DESIGN §11):
   bypassing ``cut_blocks``' fence, mark, layout and clock checks; fenced maintenance
   writes that fail are ignored. With ``--ignore-clock`` it also reports that the node's
   clock agrees with the database's whatever it says (run it under libfaketime to move the
-  mark ahead: the checker's clock rule must catch it).
+  mark ahead: the checker's clock rule must catch it);
+- with ``--linger-s S``, :class:`LingeringLeaderJobs`: when the term ends (a step-down, say)
+  the jobs keep running for S more seconds, so the node goes on writing with its old token
+  while its successor writes with the new one. ``allocator drill --scenario step-down`` on a
+  cluster of such nodes (``allocator local up --node-command``) must then fail.
+
+Every one of these needs the superuser URL (``ALLOCATOR_POSTGRES_URL``) for its plain INSERT.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
-import sys
+import threading
 from collections.abc import Callable, Sequence
 
 from allocator import logs
@@ -65,6 +73,27 @@ class UnsafeLeaderJobs(LeaderJobs):
             log.warning("event=unsafe_last_refill epoch=%s (TEST NODE)", ctx.term.epoch)
             refill.run(ctx)
         return super().stop(timeout_s)
+
+
+class LingeringLeaderJobs(LeaderJobs):
+    """Keeps a term's jobs running for ``linger_s`` seconds after the term ended."""
+
+    linger_s = 0.0
+
+    def stop(self, timeout_s: float) -> bool:
+        job_ids, self._job_ids, self._ctx = self._job_ids, (), None
+        log.warning(
+            "event=unsafe_jobs_linger seconds=%s jobs=%s (TEST NODE)", self.linger_s, job_ids
+        )
+        timer = threading.Timer(self.linger_s, self._remove, args=(job_ids,))
+        timer.daemon = True
+        timer.start()
+        return True
+
+    def _remove(self, job_ids: Sequence[str]) -> None:
+        for job_id in job_ids:
+            if self._scheduler.get_job(job_id) is not None:
+                self._scheduler.remove_job(job_id)
 
 
 class UnsafeNodeDatabase(NodeDatabase):
@@ -130,6 +159,10 @@ class UnsafeNodeDatabase(NodeDatabase):
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m tests.chaos.unsafe_node")
+    parser.add_argument("--ignore-clock", action="store_true")
+    parser.add_argument("--linger-s", type=float, default=None)
+    args = parser.parse_args()
     config = load(None, None, None, None, None, ())
     logs.configure(config.node.log_format)
     log.warning("event=test_node_started: UNSAFE, unfenced; tests/chaos only")
@@ -140,8 +173,12 @@ def main() -> None:
         datacenter_id=config.cluster.datacenter_id,
         max_clock_ahead_ms=config.pool.max_clock_ahead_ms,
     )
-    store.ignore_clock = "--ignore-clock" in sys.argv[1:]
-    serve(build_node(config, store=store, term_factory=UnsafeTerm, jobs_factory=UnsafeLeaderJobs))
+    store.ignore_clock = args.ignore_clock
+    jobs: type[LeaderJobs] = UnsafeLeaderJobs
+    if args.linger_s is not None:
+        LingeringLeaderJobs.linger_s = args.linger_s
+        jobs = LingeringLeaderJobs
+    serve(build_node(config, store=store, term_factory=UnsafeTerm, jobs_factory=jobs))
 
 
 if __name__ == "__main__":

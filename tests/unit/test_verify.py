@@ -1,9 +1,10 @@
-"""The chaos checker on synthetic data: clean runs pass, each kind of violation is caught.
+"""The invariant checker (:mod:`allocator.verify`) on synthetic data: clean runs pass, each
+kind of violation is caught.
 
 Rules: no servers. Each test starts from one clean run (two terms, blocks cut by each inside
 its term, some claimed by two consumers) and breaks exactly one thing, then asserts the
-checker names the right invariant. A checker that passes everything would pass the chaos
-tests too; these tests are what make its silence mean something.
+checker names the right invariant. A checker that passes everything would pass the demo,
+the drill and the chaos tests too; these tests are what make its silence mean something.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from allocator.layout import MAX_ID, Layout
-from tests.chaos.checker import (
+from allocator.verify import (
     MAX_PER_RULE,
     Claim,
     LedgerRow,
@@ -22,6 +23,7 @@ from tests.chaos.checker import (
     Violation,
     WriteRow,
     check,
+    counts_text,
     summary,
 )
 
@@ -136,19 +138,45 @@ def test_i2_block_not_after_an_earlier_one() -> None:
     assert "I1" not in kinds(found)
 
 
-def test_i3_write_after_the_term_ended() -> None:
+def test_i3_stale_token_after_a_newer_one() -> None:
     claims, ledger, terms = clean_run()
-    # Epoch A writes block 7 at t=7 s, after node-2 took the fence at t=5 s: a stale write.
+    # Epoch A writes block 7, after epoch B wrote blocks 5 and 6: a stale write.
     ledger[6] = dataclasses.replace(ledger[6], epoch=EPOCH_A)
     found = check(claims, ledger, terms, LAYOUT)
-    assert kinds(found) == {"I3"}
-    assert "stale write" in found[0].message
+    assert found == [
+        Violation(
+            "I3",
+            f"block 7 carries token (0, {EPOCH_A}), older than token (0, {EPOCH_B}) of block 5 "
+            "cut before it: a stale write committed",
+        )
+    ]
 
 
-def test_i3_write_before_the_term_began() -> None:
+def test_i3_a_newer_token_among_the_older_ones_makes_the_older_ones_stale() -> None:
     claims, ledger, terms = clean_run()
-    ledger[1] = dataclasses.replace(ledger[1], epoch=EPOCH_B)
-    assert kinds(check(claims, ledger, terms, LAYOUT)) == {"I3"}
+    ledger[1] = dataclasses.replace(ledger[1], epoch=EPOCH_B)  # block 2, between A's blocks
+    found = check(claims, ledger, terms, LAYOUT)
+    assert kinds(found) == {"I3"}
+    assert [m.split(" carries")[0] for m in (v.message for v in found)] == ["block 3", "block 4"]
+
+
+def test_i3_a_legitimate_cut_stamped_after_the_successors_takeover_is_accepted() -> None:
+    """The case a time comparison gets wrong: epoch A's last cut took the fence lock first,
+    but its ``cut_at`` reads later than B's ``elected_at`` (the takeover's timestamp) and
+    than A's ``ended_at``. In first-ID order the tokens never decrease: clean."""
+    claims, ledger, terms = clean_run()
+    ledger[3] = dataclasses.replace(ledger[3], cut_at=at(5.2))  # A's block 4; B took over at 5
+    ledger[4] = dataclasses.replace(ledger[4], cut_at=at(5.1))  # B's first block
+    assert check(claims, ledger, terms, LAYOUT) == []
+
+
+def test_i3_judges_blocks_in_first_id_order() -> None:
+    _claims, ledger, terms = clean_run()
+    # The stale block was inserted with a smaller block_id than B's (say a sequence cache):
+    # by first ID it still comes after B's blocks, and that is what counts.
+    stale = dataclasses.replace(ledger[7], block_id=0, epoch=EPOCH_A, claimed_by=None)
+    found = check([], [*ledger[:7], stale], terms, LAYOUT)
+    assert any(v.invariant == "I3" and v.message.startswith("block 0 carries token") for v in found)
 
 
 def test_i3_epoch_that_never_held_the_fence() -> None:
@@ -216,6 +244,13 @@ def test_summary_counts_and_limits(count: int) -> None:
     assert len(text.splitlines()) == 1 + min(count, 5)
 
 
+def test_counts_and_json_name_each_violation() -> None:
+    found = [Violation("I3", "b"), Violation("I1", "a"), Violation("I3", "c")]
+    assert counts_text(found) == "I1: 1, I3: 2"
+    assert counts_text([]) == "none"
+    assert found[0].to_json() == {"invariant": "I3", "message": "b"}
+
+
 def test_one_broken_rule_is_capped() -> None:
     ledger = [
         LedgerRow(i, first_id(i), first_id(i) + BLOCK - 1, 7, at(i), None, None)
@@ -239,13 +274,20 @@ def test_requeue_and_prune_writes_by_their_term_are_clean() -> None:
     assert check(claims, ledger, terms, LAYOUT, writes) == []
 
 
-def test_a_write_after_its_term_ended_is_a_stale_write() -> None:
+def test_a_write_of_an_older_token_after_a_newer_one_is_a_stale_write() -> None:
     claims, ledger, terms = clean_run()
-    writes = [write(1, 6.5, EPOCH_B), write(2, 7.0, EPOCH_A)]  # A ended at t=5
+    writes = [write(1, 6.5, EPOCH_B), write(2, 7.0, EPOCH_A)]
     found = check(claims, ledger, terms, LAYOUT, writes)
-    messages = [v.message for v in found if v.invariant == "I3"]
-    assert any("requeue write 2" in m and "stale write committed" in m for m in messages)
-    assert any("write 2 carries token" in m and "older than token" in m for m in messages)
+    assert [str(v) for v in found] == [
+        f"I3: write 2 carries token (0, {EPOCH_A}), older than token (0, {EPOCH_B}) of write 1 "
+        "written before it: a stale write committed"
+    ]
+
+
+def test_a_write_stamped_after_its_term_ended_but_in_order_is_accepted() -> None:
+    claims, ledger, terms = clean_run()
+    writes = [write(1, 5.3, EPOCH_A), write(2, 5.2, EPOCH_B)]  # clocks disagree; order holds
+    assert check(claims, ledger, terms, LAYOUT, writes) == []
 
 
 def test_a_write_with_a_token_that_never_held_the_fence_is_caught() -> None:
@@ -295,3 +337,29 @@ def test_a_mark_already_ahead_may_keep_its_lead_but_never_grow_it() -> None:
     assert [(v.invariant, "block 5" in v.message) for v in found] == [("I5", True)]
     # Without the initial lead the first such block is already a violation.
     assert check(claims, kept, terms, LAYOUT)[0].invariant == "I5"
+
+
+# -- the recorded layout (DESIGN §11: checked on every cut) -------------------------------
+
+
+def test_blocks_of_the_recorded_datacenter_are_clean() -> None:
+    claims, ledger, terms = clean_run()
+    assert check(claims, ledger, terms, LAYOUT, datacenter_id=0) == []
+
+
+def test_a_block_of_another_datacenter_is_caught_when_the_datacenter_is_known() -> None:
+    claims, ledger, terms = clean_run()
+    assert check(claims, ledger, terms, LAYOUT) == []  # unknown: not judged
+    found = check(claims, ledger, terms, LAYOUT, datacenter_id=3)
+    assert len(found) == len(ledger)
+    assert kinds(found) == {"I1"}
+    assert "datacenter 0, not in this cluster's 3" in found[0].message
+
+
+def test_a_block_spanning_two_milliseconds_is_caught() -> None:
+    claims, ledger, terms = clean_run()
+    wide = dataclasses.replace(ledger[7], last_id=first_id(8001) + 10)
+    found = check(claims, [*ledger[:7], wide], terms, LAYOUT, datacenter_id=0)
+    assert [v.invariant for v in found] == ["I1"]
+    assert "block 8" in found[0].message
+    assert "spans more than one" in found[0].message

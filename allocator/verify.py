@@ -1,26 +1,41 @@
-"""The chaos checker: invariants I1-I5 (DESIGN §2) from the consumers' own records and the ledger.
+"""The invariant checker: DESIGN §2 (I1-I6) and §11 judged from what a run left behind.
 
-:func:`check` takes what the consumers recorded (every claim that *returned* to them), the
-``allocator.block_ledger`` and ``allocator.leader_history`` views (read as superuser after
-the run) and the Snowflake layout, and returns every violation found; an empty list means
-the run was clean. It is pure (no I/O), so ``tests/unit/test_checker.py`` proves on
-synthetic data that each kind of violation is caught.
+:func:`check` takes what the consumers recorded (every claim that *returned* to them, see
+:mod:`allocator.consumers`), the ``allocator.block_ledger`` and ``allocator.leader_history``
+views, the fenced maintenance writes (``allocator.fenced_writes``) and the Snowflake layout
+(all read by :mod:`allocator.verify_db`), and returns every violation found; an empty list
+means the run was clean. It is pure (no I/O, no clock), so ``tests/unit/test_verify.py``
+proves on synthetic data that each kind of violation is caught. ``allocator drill``,
+``allocator demo`` and the chaos suite all judge their runs with it.
 
 Rules, one per invariant (the ``invariant`` field of a :class:`Violation`):
 
 - I1 no overlap, no double hand-out: no two ledger blocks overlap and none is malformed; no
   block was returned to consumers twice; no two ranges consumers received overlap; a block
-  a consumer received is not recorded in the ledger as claimed by another consumer.
-- I2 cut order: in ``block_id`` order (the order blocks were inserted, i.e. cut), every
-  block starts strictly after the last ID of every earlier block.
-- I3 fencing: every block's token ``(generation, epoch)`` is a term in the leader history,
-  and its ``cut_at`` lies in ``[elected_at, ended_at)`` of that term: no committed write by
-  a stale token. Since migration 0003 these are exact: ``cut_at`` is the database clock
-  after the cut holds the fence row, ``elected_at`` the clock once the takeover holds it
-  (so every write of the old token committed before it). The same holds for the other
-  fenced writes (requeues and prunes, ``allocator.fenced_writes``). And by order, whatever
-  the clocks: in cut (``block_id``) order, and in write order, tokens never decrease. The
-  history itself never has two terms at once, and tokens grow with ``elected_at``.
+  a consumer received is not recorded in the ledger as claimed by another consumer. When
+  the datacenter id is known (the layout the database recorded), every block lies inside
+  one millisecond of that datacenter, as ``cut_blocks`` checks on every cut (DESIGN §5,
+  §11), so two clusters never collide.
+- I2 cut order: in ``block_id`` order (the order blocks were inserted, i.e. cut: cuts are
+  serialised on the high-water row), every block starts strictly after the last ID of every
+  earlier block.
+- I3 fencing, judged by order: in first-ID order, the token ``(generation, epoch)`` of the
+  blocks never decreases, and every block's token names a term of the leader history; the
+  same holds for the requeues and prunes (``allocator.fenced_writes``) in write order
+  (``write_id``). A smaller token after a larger one is a write by a leader that had lost
+  the fence: a stale write committed. The history itself never has two terms at once (a
+  term still open, or ended after the next began) and its tokens grow with ``elected_at``
+  (the fence only moves forward; both times are taken under the fence row's lock).
+
+  Not judged: ``cut_at`` against a term's ``[elected_at, ended_at)``. The timestamps come
+  from different transactions (and, across a PostgreSQL failover, from different servers'
+  clocks): a successor's takeover timestamp can precede a legitimate cut that took the
+  fence lock first, so a time comparison reports clean runs. Order cannot be fooled that
+  way; its blind spot is a stale write that lands after the takeover but before the
+  successor's first write, which no later write contradicts. The database's fence (the
+  exact-token lock in ``cut_blocks``, DESIGN §3) is what forbids that one; the chaos
+  suite's proof (``tests/chaos/test_checker_proof.py``) and the drill's test against a
+  broken fence show that a stale leader writing alongside its successor is caught.
 - I4 durability: every range a consumer received is in the ledger, with the same bounds,
   claimed by that consumer.
 - I5 time: the decoded timestamps of first IDs never go backwards in cut order, and none is
@@ -29,10 +44,16 @@ Rules, one per invariant (the ``invariant`` field of a :class:`Violation`):
   rule of DESIGN §11: no block's last ID carries a millisecond past its ``cut_at`` (the
   database clock) plus ``max(max_clock_ahead_ms, the lead of the block cut before it)``;
   the first block in the ledger is judged against ``initial_lead_ms``.
+- I6 (a node that cannot prove it leads writes nothing) is not checkable from these inputs:
+  the database never learns when a node's ZooKeeper session was suspended or lost, and a
+  write made while the fence is still the node's is indistinguishable from a legitimate
+  one. Its consequence that matters, a write landing after a successor's, is I3 above; the
+  chaos suite checks I6 itself from the nodes' logs and metrics.
 
-Retention must not prune during a chaos run (its default keeps a day), or I4 would report
+Retention must not prune during a judged run (its default keeps a day), or I4 would report
 pruned blocks as lost. Claims whose reply was lost (an error after the commit) are in the
-ledger but not in the records: that is allowed, not a violation.
+ledger but not in the records: that is allowed, not a violation. At most
+:data:`MAX_PER_RULE` violations are reported per rule.
 """
 
 from __future__ import annotations
@@ -41,12 +62,16 @@ import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from allocator.errors import InvalidIdError
 from allocator.layout import Layout
 
 MAX_PER_RULE = 50
 """Violations reported per rule at most: one broken rule must not drown the report."""
+
+Token = tuple[int, int]
+"""``(generation, epoch)``: the fencing token, ordered as the fence orders it."""
 
 
 @dataclass(frozen=True)
@@ -101,12 +126,16 @@ class TermRow:
 
 @dataclass(frozen=True)
 class Violation:
+    """One broken rule: the invariant (``"I1"`` … ``"I5"``) and what was seen."""
+
     invariant: str
-    """``"I1"`` … ``"I5"``."""
     message: str
 
     def __str__(self) -> str:
         return f"{self.invariant}: {self.message}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"invariant": self.invariant, "message": self.message}
 
 
 def check(
@@ -118,24 +147,27 @@ def check(
     *,
     max_clock_ahead_ms: int = 1000,
     initial_lead_ms: int = 0,
+    datacenter_id: int | None = None,
 ) -> list[Violation]:
-    """Every violation of I1-I5 in one chaos run (see the module rules); [] when clean."""
+    """Every violation of the module's rules in one run; [] when clean."""
     claims = list(records)
     ledger = sorted(ledger_rows, key=lambda row: row.block_id)
+    by_first = sorted(ledger, key=lambda row: (row.first_id, row.block_id))
     terms = sorted(leader_history, key=lambda term: (term.elected_at, term.generation, term.epoch))
     fenced = sorted(writes, key=lambda row: row.write_id)
     found: list[Violation] = []
     for rule in (
-        _ledger_disjoint(ledger),
+        _ledger_disjoint(by_first),
+        _inside_the_datacenter(ledger, layout, datacenter_id),
         _handed_out_once(claims),
         _claims_disjoint(claims),
         _claims_match_ledger(claims, ledger),
         _cut_order(ledger),
         _history_consistent(terms),
-        _written_by_fence_holder(ledger, terms),
-        _writes_by_fence_holder(fenced, terms),
-        _tokens_in_order("block", [(r.block_id, (r.generation, r.epoch)) for r in ledger]),
-        _tokens_in_order("write", [(w.write_id, (w.generation, w.epoch)) for w in fenced]),
+        _tokens_recorded("block", [(r.block_id, _token(r)) for r in ledger], terms),
+        _tokens_recorded("write", [(w.write_id, _token(w)) for w in fenced], terms),
+        _tokens_in_order("block", "cut", [(r.block_id, _token(r)) for r in by_first]),
+        _tokens_in_order("write", "written", [(w.write_id, _token(w)) for w in fenced]),
         _timestamps(ledger, layout),
         _within_clock_bound(ledger, layout, max_clock_ahead_ms, initial_lead_ms),
     ):
@@ -144,28 +176,63 @@ def check(
 
 
 def summary(violations: Sequence[Violation], limit: int = 20) -> str:
-    """A readable assertion message: counts per invariant, then the first ``limit``."""
-    counts: dict[str, int] = {}
-    for violation in violations:
-        counts[violation.invariant] = counts.get(violation.invariant, 0) + 1
-    head = ", ".join(f"{kind}: {n}" for kind, n in sorted(counts.items()))
-    lines = [f"{len(violations)} violation(s) ({head})"]
+    """A readable report: counts per invariant, then the first ``limit`` violations."""
+    lines = [f"{len(violations)} violation(s) ({counts_text(violations)})"]
     lines += [f"  {violation}" for violation in violations[:limit]]
     return "\n".join(lines)
+
+
+def counts(violations: Iterable[Violation]) -> dict[str, int]:
+    """Violations per invariant, in invariant order."""
+    found: dict[str, int] = {}
+    for violation in violations:
+        found[violation.invariant] = found.get(violation.invariant, 0) + 1
+    return dict(sorted(found.items()))
+
+
+def counts_text(violations: Iterable[Violation]) -> str:
+    """``"I1: 2, I3: 5"``; ``"none"`` for a clean run."""
+    return ", ".join(f"{kind}: {n}" for kind, n in counts(violations).items()) or "none"
 
 
 # -- I1 ---------------------------------------------------------------------------------------
 
 
-def _ledger_disjoint(ledger: Sequence[LedgerRow]) -> Iterable[Violation]:
-    for row in ledger:
+def _ledger_disjoint(by_first: Sequence[LedgerRow]) -> Iterable[Violation]:
+    for row in by_first:
         if row.last_id < row.first_id:
             yield Violation("I1", f"block {row.block_id} is malformed: {_span(row)}")
-    by_first = sorted(ledger, key=lambda row: (row.first_id, row.block_id))
     for a, b in itertools.pairwise(by_first):
         if b.first_id <= a.last_id:
             yield Violation(
                 "I1", f"ledger blocks {a.block_id} {_span(a)} and {b.block_id} {_span(b)} overlap"
+            )
+
+
+def _inside_the_datacenter(
+    ledger: Sequence[LedgerRow], layout: Layout, datacenter_id: int | None
+) -> Iterable[Violation]:
+    if datacenter_id is None:
+        return
+    shift = layout.lane_bits + layout.sequence_bits
+    for row in ledger:
+        if row.last_id < row.first_id:
+            continue  # reported by _ledger_disjoint
+        try:
+            first = layout.decode(row.first_id)
+        except InvalidIdError:
+            continue  # reported by _timestamps
+        if first.datacenter != datacenter_id:
+            yield Violation(
+                "I1",
+                f"block {row.block_id} {_span(row)} lies in datacenter {first.datacenter}, not "
+                f"in this cluster's {datacenter_id}",
+            )
+        elif row.first_id >> shift != row.last_id >> shift:
+            yield Violation(
+                "I1",
+                f"block {row.block_id} {_span(row)} spans more than one (millisecond, "
+                "datacenter) prefix",
             )
 
 
@@ -247,7 +314,7 @@ def _cut_order(ledger: Sequence[LedgerRow]) -> Iterable[Violation]:
 # -- I3 ---------------------------------------------------------------------------------------
 
 
-def _token(item: TermRow | LedgerRow | WriteRow) -> tuple[int, int]:
+def _token(item: TermRow | LedgerRow | WriteRow) -> Token:
     return (item.generation, item.epoch)
 
 
@@ -263,73 +330,35 @@ def _history_consistent(terms: Sequence[TermRow]) -> Iterable[Violation]:
             ended = "never ended" if a.ended_at is None else f"ended at {a.ended_at.isoformat()}"
             yield Violation(
                 "I3",
-                f"term {a.epoch} ({a.holder}) {ended}, after term {b.epoch} ({b.holder}) began "
-                f"at {b.elected_at.isoformat()}: two terms at once",
+                f"term {_token(a)} ({a.holder}) {ended}, after term {_token(b)} ({b.holder}) "
+                f"began at {b.elected_at.isoformat()}: two terms at once",
             )
 
 
-def _written_by_fence_holder(
-    ledger: Sequence[LedgerRow], terms: Sequence[TermRow]
+def _tokens_recorded(
+    kind: str, tokens: Sequence[tuple[int, Token]], terms: Sequence[TermRow]
 ) -> Iterable[Violation]:
-    by_token = {_token(term): term for term in terms}
-    for row in ledger:
-        term = by_token.get(_token(row))
-        if term is None:
+    """Every write carries a token that held the fence (a term of the history)."""
+    recorded = {_token(term) for term in terms}
+    for ident, token in tokens:
+        if token not in recorded:
             yield Violation(
                 "I3",
-                f"block {row.block_id} was written with epoch {row.epoch}, which never held "
-                "the fence",
-            )
-        elif row.cut_at < term.elected_at:
-            yield Violation(
-                "I3",
-                f"block {row.block_id} (epoch {row.epoch}) was cut at {row.cut_at.isoformat()}, "
-                f"before its term began at {term.elected_at.isoformat()}",
-            )
-        elif term.ended_at is not None and row.cut_at >= term.ended_at:
-            yield Violation(
-                "I3",
-                f"block {row.block_id} (epoch {row.epoch}, {term.holder}) was cut at "
-                f"{row.cut_at.isoformat()}, after its term ended at "
-                f"{term.ended_at.isoformat()} ({term.end_reason}): a stale write committed",
-            )
-
-
-def _writes_by_fence_holder(
-    writes: Sequence[WriteRow], terms: Sequence[TermRow]
-) -> Iterable[Violation]:
-    by_token = {_token(term): term for term in terms}
-    for write in writes:
-        term = by_token.get(_token(write))
-        what = f"{write.kind} write {write.write_id} (token {_token(write)})"
-        if term is None:
-            yield Violation("I3", f"{what} carries a token that never held the fence")
-        elif write.written_at < term.elected_at:
-            yield Violation(
-                "I3",
-                f"{what} committed at {write.written_at.isoformat()}, before its term began "
-                f"at {term.elected_at.isoformat()}",
-            )
-        elif term.ended_at is not None and write.written_at >= term.ended_at:
-            yield Violation(
-                "I3",
-                f"{what} committed at {write.written_at.isoformat()}, after its term "
-                f"({term.holder}) ended at {term.ended_at.isoformat()} ({term.end_reason}): "
-                "a stale write committed",
+                f"{kind} {ident} was written with token {token}, which never held the fence",
             )
 
 
 def _tokens_in_order(
-    kind: str, tokens: Sequence[tuple[int, tuple[int, int]]]
+    kind: str, verb: str, tokens: Sequence[tuple[int, Token]]
 ) -> Iterable[Violation]:
-    """In write order, the token never goes back: a smaller one is a stale leader's write."""
-    newest: tuple[int, tuple[int, int]] | None = None
+    """In ``tokens``' order the token never goes back: a smaller one is a stale leader's."""
+    newest: tuple[int, Token] | None = None
     for ident, token in tokens:
         if newest is not None and token < newest[1]:
             yield Violation(
                 "I3",
                 f"{kind} {ident} carries token {token}, older than token {newest[1]} of "
-                f"{kind} {newest[0]} written before it: a stale write",
+                f"{kind} {newest[0]} {verb} before it: a stale write committed",
             )
         if newest is None or token > newest[1]:
             newest = (ident, token)
