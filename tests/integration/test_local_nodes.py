@@ -61,6 +61,15 @@ STAND_IN = textwrap.dedent(
 )
 
 
+def request_exit(out: Path, name: str, code: int) -> None:
+    """Tell the stand-in ``name`` to exit with ``code``. Written whole, then renamed into
+    place: the stand-in polls for the file and would read it half written (an empty file
+    made it exit 1 on a ValueError instead of ``code``)."""
+    tmp = out / f".{name}.exit.tmp"
+    tmp.write_text(str(code))
+    tmp.replace(out / f"{name}.exit")
+
+
 def eventually(check: Callable[[], T], timeout_s: float = WAIT_S, what: str = "") -> T:
     """Call ``check`` until it returns a truthy value; fail at the deadline."""
     deadline = time.monotonic() + timeout_s
@@ -251,7 +260,7 @@ def test_a_node_that_exits_is_restarted(cluster: LocalCluster, out_dir: Path) ->
 
     # An exit of its own, with any code, is restarted the same way.
     assert after.pid is not None
-    (out_dir / "node-1.exit").write_text("3")
+    request_exit(out_dir, "node-1", 3)
     again = wait_running(cluster, "node-1", other_than=after.pid)
     assert again.restarts == after.restarts + 1
     assert again.last_exit_code == 3
