@@ -50,7 +50,6 @@ from kazoo.exceptions import (
 )
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
-from kazoo.security import ACL
 from psycopg.rows import class_row
 
 from allocator import db, fence, sql, zkclient
@@ -247,11 +246,6 @@ def split_hosts(hosts: str) -> tuple[str, str]:
     """``zk1:2181,zk2:2181/a/b`` → (``zk1:2181,zk2:2181``, ``/a/b``); no chroot → ``""``."""
     servers, slash, chroot = hosts.partition("/")
     return servers, (slash + chroot).rstrip("/")
-
-
-def digest_acl(config: Config) -> list[ACL] | None:
-    """The ACL of znodes created for the cluster (:func:`allocator.zkclient.acl`)."""
-    return zkclient.acl(config)
 
 
 def zookeeper_client(config: Config, *, chroot: bool = True) -> KazooClient:

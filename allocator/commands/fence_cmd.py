@@ -62,7 +62,7 @@ from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.security import ACL
 
 from allocator import config as config_mod
-from allocator import db, fence, status
+from allocator import db, fence, status, zkclient
 from allocator.commands import options
 from allocator.config import Config
 from allocator.errors import AllocatorError, UsageError
@@ -263,7 +263,7 @@ def rebase(config: Config, url: str, reason: str, yes: bool) -> Outcome:
         plan = read_plan(client, config, url)
         refuse_database_behind(plan)
         confirm(plan, yes)
-        acl = status.digest_acl(config)
+        acl = zkclient.acl(config)
         created = ensure_paths(client, plan, acl, config)
         result = db.rebase_fence(url, reason, connect_timeout_s=config.postgres.connect_timeout_s)
         znode = fence.generation_path(plan.election_path)

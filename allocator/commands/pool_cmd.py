@@ -116,7 +116,7 @@ def reset(config: Config, url: str, reason: str, yes: bool) -> Outcome:
             connect_timeout_s=config.postgres.connect_timeout_s,
         )
         znode = fence.generation_path(election_path)
-        acl = status.digest_acl(config)
+        acl = zkclient.acl(config)
         try:
             with status.zookeeper_errors(config, f"write the generation into {znode}"):
                 # The chroot's parents keep the open ACL (others may share them): only the
