@@ -1,0 +1,1 @@
+ALTER FUNCTION allocator.pool_status_row() RESET jit;
