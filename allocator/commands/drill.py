@@ -1,74 +1,86 @@
-"""``allocator drill``: leader handover drills on the embedded cluster, measured (DESIGN §9).
+"""``allocator drill``: failover rehearsals, measured and judged (DESIGN §9, §10).
 
-Rules: brings up its own embedded cluster with :class:`LocalCluster` in ``--state-dir``
-(default ``.run/drill``; a cluster already running there is reused, with the requested node
-count and session timeout), runs the scenarios of :mod:`allocator.drill` while consumers
-claim throughout, prints one table line per scenario and writes the JSON (``--json-out``,
-default ``<state-dir>/drill-<UTC timestamp>.json``). ``--json`` prints the same JSON
-instead of the table. With one scenario the JSON is that scenario's object (DESIGN §10:
-``scenario``, ``rounds``, ``violations``, ``handover_ms`` {p50, p90, p99, max},
-``stale_writes_rejected``, ``claim_errors``, and more); with ``--scenario all`` it is
-``{"scenarios": [<one object per scenario>]}``. Both carry ``cluster``: the state folder,
-every pid the drill saw (servers, supervisor, every node incarnation), whether it stopped
-the cluster, and any of those pids still alive after.
-
-The cluster is stopped at the end (by pid, through the manager; also on error, Ctrl-C and
-SIGTERM) unless ``--keep``. Progress lines go to stderr. The verdict is the one invariant
-checker (:mod:`allocator.verify`): each violation is named (invariant and message) in the
-JSON's ``violations`` and, after the table, one line each. Exit status: 0 when every round
-handed over and no violation was found; 1 otherwise (the table and JSON are still written;
-the error line counts the violations per invariant). Timings are reported, never judged.
+Rules: a thin wrapper over :mod:`allocator.drill.plan` (which cluster, which scenarios) —
+options in, a table or JSON out. The JSON always goes to ``--json-out`` (default
+``<state-dir>/drill-<UTC time>.json``); ``--json`` prints it instead of the table;
+``--report DIR`` also writes ``drill.json``, ``drill.md`` and ``drill.png`` there. With one
+scenario the JSON carries that scenario's keys at the top (DESIGN §10). Progress lines go
+to stderr. Exit status: 0 when every round passed, no violation was found and (a soak)
+no node grew past the bound; 1 otherwise, with the table and files still written; 2 for a
+refused request (a scenario the target cannot run). SIGTERM is handled like Ctrl-C: the
+drill heals what it broke and stops its own cluster before it exits.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 from datetime import UTC, datetime
 from pathlib import Path
 from types import FrameType
-from typing import Any
 
 import click
 
-from allocator import drill as drill_mod
 from allocator import verify
-from allocator.drill import Drill, DrillError, ScenarioResult
+from allocator.commands import options
+from allocator.drill import output, plan
+from allocator.drill.observe import DrillError
+from allocator.drill.scenarios import ALL, MIXED, SCENARIOS
 from allocator.local import nodes as nodes_mod
-from allocator.local.cluster import MAX_NODES, LocalCluster
-from allocator.local.processes import is_pid_alive
+from allocator.local.cluster import MAX_NODES
 
 DEFAULT_STATE_DIR = Path(".run/drill")
-ALL = "all"
+DURATION = re.compile(r"^(\d+)([smh]?)$")
+UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600}
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
+def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
+    if value is None:
+        return None
+    match = DURATION.match(value.strip())
+    if match is None or int(match.group(1)) == 0:
+        raise click.BadParameter(f"{value!r} is not a duration like 90s, 30m or 2h")
+    return float(int(match.group(1)) * UNIT_S[match.group(2)])
+
+
 @click.command("drill")
 @click.option(
     "--scenario",
-    type=click.Choice([*drill_mod.SCENARIOS, ALL]),
-    default=drill_mod.SIGKILL,
+    type=click.Choice([*SCENARIOS, MIXED, ALL]),
+    default="kill",
     show_envvar=True,
-    help="Fault applied to the leader each round: SIGKILL, SIGTERM (graceful), POST "
-    "/step-down; `all` runs the three in turn.",
+    help="Fault applied each round (`all`: each scenario in turn; `mixed`: a random, "
+    "seeded schedule of them, sometimes two at once).",
 )
 @click.option(
     "--rounds",
-    type=click.IntRange(1, 1000),
+    type=click.IntRange(1, 10_000),
     default=20,
     show_envvar=True,
-    help="Rounds per scenario.",
+    help="Rounds per scenario (mixed: rounds in all).",
+)
+@click.option("--seed", type=int, default=None, show_envvar=True, help="Seed of the schedule.")
+@click.option(
+    "--duration",
+    "duration_s",
+    default=None,
+    callback=_duration,
+    show_envvar=True,
+    help="Soak: run the mixed schedule this long (90s, 30m, 2h), sampling each node's "
+    "memory, open files and threads; growth past the bound fails the run.",
 )
 @click.option(
     "--nodes",
     type=click.IntRange(2, MAX_NODES),
     default=nodes_mod.DEFAULT_NODES,
     show_envvar=True,
-    help="Allocator nodes in the election.",
+    help="Allocator nodes in the election (the drill's own cluster).",
 )
 @click.option(
     "--zk",
@@ -83,113 +95,109 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     type=click.IntRange(min=1),
     default=nodes_mod.DEFAULT_SESSION_TIMEOUT_MS,
     show_envvar=True,
-    help="The nodes' ZooKeeper session timeout (nodes restart if it changes).",
+    help="The nodes' ZooKeeper session timeout (the drill's own cluster).",
 )
+@options.state_dir_option(DEFAULT_STATE_DIR, help="State folder of the drill's own cluster.")
 @click.option(
-    "--state-dir",
+    "--against",
     type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_STATE_DIR,
-    show_envvar=True,
-    help="State folder of the drill's cluster.",
+    default=None,
+    help="Drill a running `allocator local` cluster in this folder (never stopped).",
 )
 @click.option(
-    "--json-out",
-    type=click.Path(dir_okay=False, path_type=Path),
+    "--config",
+    "config_path",
+    type=click.Path(dir_okay=False, exists=True, path_type=Path),
+    default=None,
+    help="Drill a deployed cluster through its surfaces (only step-down).",
+)
+@options.database_url_option(
+    help="With --config: a URL that may read the allocator schema and claim "
+    "[default: postgres.url]."
+)
+@click.option(
+    "--report",
+    "report_dir",
+    type=click.Path(file_okay=False, path_type=Path),
     default=None,
     show_envvar=True,
-    help="Where to write the JSON. [default: <state-dir>/drill-<time>.json]",
+    help="Also write drill.json, drill.md and a PNG timeline (drill.png) here.",
 )
-@click.option(
-    "--json", "as_json", is_flag=True, show_envvar=True, help="Print the JSON instead of the table."
-)
-@click.option(
-    "--keep",
-    is_flag=True,
-    show_envvar=True,
-    help="Leave the cluster running (stop it: allocator local down --state-dir ...).",
+@options.json_out_option("drill")
+@options.json_option()
+@options.keep_option(
+    help="Leave the drill's own cluster running (stop it: allocator local down --state-dir ...)."
 )
 def drill(
     scenario: str,
     rounds: int,
+    seed: int | None,
+    duration_s: float | None,
     nodes: int,
     zk_servers: int,
     session_timeout_ms: int,
     state_dir: Path,
+    against: Path | None,
+    config_path: Path | None,
+    database_url: str | None,
+    report_dir: Path | None,
     json_out: Path | None,
     as_json: bool,
     keep: bool,
 ) -> None:
-    """Measure leader handover times under faults, with consumers claiming throughout."""
-    signal.signal(signal.SIGTERM, _on_sigterm)
-    scenarios = list(drill_mod.SCENARIOS) if scenario == ALL else [scenario]
-    cluster = LocalCluster(
-        state_dir, zk_servers, nodes=nodes, session_timeout_ms=session_timeout_ms
+    """Rehearse failovers under faults, with consumers claiming throughout, and judge them."""
+    request = plan.Request(
+        scenario=scenario,
+        rounds=rounds,
+        seed=seed,
+        nodes=nodes,
+        zk_servers=zk_servers,
+        session_timeout_ms=session_timeout_ms,
+        state_dir=state_dir,
+        against=against,
+        config_path=config_path,
+        database_url=database_url,
+        keep=keep,
+        duration_s=duration_s,
     )
-    out = json_out or cluster.state_dir / f"drill-{_timestamp()}.json"
-    results: list[ScenarioResult] = []
-    session: Drill | None = None
-    existed = cluster.exists()
-    came_up = False
-    stopped = False
+    signal.signal(signal.SIGTERM, _on_sigterm)
     try:
-        _progress(
-            f"starting the cluster in {cluster.state_dir} ({zk_servers} ZooKeeper, "
-            f"{nodes} nodes, session timeout {session_timeout_ms} ms)"
-        )
-        info = cluster.up(migrate=True, nodes=nodes)
-        came_up = True
-        session = Drill(cluster, info, progress=_progress)
-        session.open()
-        for name in scenarios:
-            _progress(f"{name}: {rounds} rounds")
-            results.append(session.run(name, rounds))
+        outcome = plan.run(request, _progress)
     except KeyboardInterrupt:
         _progress("interrupted")
         raise click.Abort from None
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second TERM must not cut cleanup
-        if session is not None:
-            session.close()
-        # A cluster that was there before and refused the request is left as it was.
-        if not keep and (came_up or not existed):
-            _progress("stopping the cluster")
-            cluster.down()
-            stopped = True
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    assert session is not None
-    pids = sorted(session.pids)
-    cluster_json: dict[str, Any] = {
-        "state_dir": str(cluster.state_dir),
-        "pids": pids,
-        "stopped": stopped,
-        "left_running": [p for p in pids if is_pid_alive(p)] if stopped else [],
-    }
-    data = drill_mod.document(results, cluster_json, single=len(results) == 1)
-    drill_mod.write_json(out, data)
+    home = against or state_dir
+    out = json_out or home / f"drill-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
+    output.write_json(out, outcome.document)
+    if report_dir is not None:
+        from allocator.drill import report  # matplotlib: only paid for when asked
+
+        files = report.write_report(report_dir, outcome.document)
+        _progress(f"report written to {files.markdown} and {files.png}")
     if as_json:
-        click.echo(json.dumps(data, indent=2))
+        click.echo(json.dumps(outcome.document, indent=2))
     else:
-        for line in drill_mod.render_table(results):
+        for line in output.render_table(outcome.results):
             click.echo(line)
-        found = drill_mod.render_violations(results)
+        for line in output.render_by_fault(outcome.results):
+            click.echo(line)
+        found = output.render_violations(outcome.results)
         if found:
             click.echo("violations:")
         for line in found:
             click.echo(f"  {line}")
         click.echo(f"JSON written to {out}")
-    _progress(f"JSON written to {out}")
-    failed = sum(r.failed_rounds for r in results)
-    violations = [v for r in results for v in r.violations]
-    if failed or violations:
+    if not outcome.ok:
+        failed = sum(r.failed_rounds for r in outcome.results)
+        violations = [v for r in outcome.results for v in r.violations]
+        grew = "" if outcome.resources_ok else ", resource growth past the bound"
         raise DrillError(
             f"{failed} failed round(s), {len(violations)} violation(s) "
-            f"({verify.counts_text(violations)}); see {out}"
+            f"({verify.counts_text(violations)}){grew}; see {out}"
         )
 
 
 def _progress(message: str) -> None:
     click.echo(f"[drill {time.strftime('%H:%M:%S')}] {message}", err=True)
-
-
-def _timestamp() -> str:
-    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")

@@ -1,7 +1,9 @@
-"""``allocator drill`` in a subprocess: the JSON of DESIGN §10 and a clean stop; and a drill
-that must fail, on nodes whose fence is broken.
+"""``allocator drill`` in a subprocess: every scenario once with the JSON of DESIGN §10, the
+report and a clean stop; a drill against a running cluster and through a config file, with
+the scenarios they cannot run refused; and a drill that must fail, on nodes whose fence is
+broken.
 
-Behaviour only: the keys and their types, every round handed over, no violation, and no
+Behaviour only: the keys and their types, every round passed, no violation, and no
 process of the drill's cluster left afterwards (the pids it recorded). No timing threshold:
 handover times belong to the drill's report, not to tests. The broken nodes are built in
 ``tests/`` (:mod:`tests.chaos.unsafe_node`) and run through ``allocator local up
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import struct
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -20,6 +23,8 @@ from typing import Any
 
 import pytest
 
+from allocator.drill import report
+from allocator.drill.scenarios import SCENARIOS
 from allocator.local.cluster import LocalCluster
 from allocator.local.processes import is_pid_alive
 
@@ -35,6 +40,7 @@ DESIGN_KEYS = {
     "claim_errors",
 }
 DRILL_TIMEOUT_S = 240
+ALL_SCENARIOS_TIMEOUT_S = 600
 LOCAL_TIMEOUT_S = 120
 LINGER_S = 5
 """How long a broken node keeps writing with its old token after it stepped down: past the
@@ -57,68 +63,78 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
     LocalCluster(state).down(purge=True)  # whatever a failed drill left behind
 
 
-def test_sigkill_drill_reports_design_keys_and_stops_everything(
+def test_every_scenario_once_passes_writes_a_report_and_stops_everything(
     state_dir: Path, tmp_path: Path
 ) -> None:
+    """Every fault of the drill, one round each, on its own cluster (1 ZooKeeper server, so
+    killing one is losing quorum): every round passes, no violation, claims fail only
+    while PostgreSQL itself is down; the report is written; nothing is left running."""
     out = tmp_path / "drill.json"
+    report_dir = tmp_path / "report"
     done = subprocess.run(
         [
-            ALLOCATOR,
-            "drill",
-            "--scenario",
-            "sigkill",
-            "--rounds",
-            "2",
-            "--zk",
-            "1",
-            "--session-timeout-ms",
-            "2000",
-            "--json",
-            "--state-dir",
-            str(state_dir),
-            "--json-out",
-            str(out),
+            ALLOCATOR, "drill", "--scenario", "all", "--rounds", "1", "--zk", "1",
+            "--session-timeout-ms", "2000", "--json", "--state-dir", str(state_dir),
+            "--json-out", str(out), "--report", str(report_dir),
         ],
         capture_output=True,
         text=True,
-        timeout=DRILL_TIMEOUT_S,
+        timeout=ALL_SCENARIOS_TIMEOUT_S,
         check=False,
-    )
+    )  # fmt: skip
     assert done.returncode == 0, f"drill failed ({done.returncode}): {done.stderr}"
     data: dict[str, Any] = json.loads(done.stdout)
     assert json.loads(out.read_text()) == data
-
-    assert data.keys() >= DESIGN_KEYS
-    assert data["scenario"] == "sigkill"
-    assert data["rounds"] == 2
-    assert data["failed_rounds"] == 0
-    assert data["violations"] == []
-    assert data["claim_errors"] == 0
-    assert isinstance(data["stale_writes_rejected"], int)
+    assert data["verdict"]["ok"] is True
+    assert data["verdict"]["violations"] == []
     assert data["session_timeout_ms"] == 2000
-    summary = data["handover_ms"]
-    assert set(summary) == {"p50", "p90", "p99", "max"}
-    assert all(isinstance(summary[key], float) for key in summary)
-    assert summary["p50"] <= summary["p90"] <= summary["p99"] <= summary["max"]
+    assert data["refused"] == {}
 
-    rounds = data["round_results"]
-    assert [r["round"] for r in rounds] == [1, 2]
-    for result in rounds:
-        assert result["ok"] is True
-        assert result["new_epoch"] > result["epoch"]
-        assert result["new_leader"] != result["leader"]
-    # Each round's new leader is the next round's victim.
-    assert rounds[1]["leader"] == rounds[0]["new_leader"]
+    by_name = {s["scenario"]: s for s in data["scenarios"]}
+    assert set(by_name) == set(SCENARIOS)
+    for name, result in by_name.items():
+        assert result.keys() >= DESIGN_KEYS
+        assert result["rounds"] == 1
+        assert result["failed_rounds"] == 0, result["round_results"]
+        assert result["violations"] == []
+        assert isinstance(result["stale_writes_rejected"], int)
+        if not name.startswith("pg-"):
+            assert result["claim_errors"] == 0, (name, result["claim_error_examples"])
+        summary = result["handover_ms"]
+        assert set(summary) == {"p50", "p90", "p99", "max"}
+        if SCENARIOS[name].must_hand_over:
+            [round_result] = result["round_results"]
+            assert round_result["new_epoch"] > round_result["epoch"]
+            assert round_result["new_leader"] != round_result["leader"]
+            assert isinstance(summary["p50"], float)
 
     cluster = data["cluster"]
     assert cluster["state_dir"] == str(state_dir)
     assert cluster["stopped"] is True
     pids = cluster["pids"]
-    # 1 ZooKeeper + PostgreSQL + supervisor + 3 nodes, and the 2 restarted victims.
-    assert len(pids) >= 8
-    assert {r["leader_pid"] for r in rounds} <= set(pids)
+    assert len(pids) >= 8  # ZooKeeper, 2 PostgreSQL servers, supervisor, 3+ nodes
     assert cluster["left_running"] == []
     assert not [pid for pid in pids if is_pid_alive(pid)]
+
+    # The report: the same document, a Markdown summary, a PNG timeline of a fixed size.
+    assert json.loads((report_dir / "drill.json").read_text()) == data
+    summary_md = (report_dir / "drill.md").read_text()
+    assert "| kill |" in summary_md
+    assert "![timeline](drill.png)" in summary_md
+    assert png_size(report_dir / "drill.png") == (report.PNG_WIDTH_PX, report.PNG_HEIGHT_PX)
+    timeline = data["timeline"]
+    assert [f["scenario"] for f in timeline["faults"]] == list(SCENARIOS)
+    assert timeline["leadership"]
+    assert timeline["samples"]
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """Width and height from a PNG's IHDR chunk."""
+    head = path.read_bytes()[:24]
+    assert head[:8] == b"\x89PNG\r\n\x1a\n"
+    assert head[12:16] == b"IHDR"
+    width, height = struct.unpack(">II", head[16:24])
+    return width, height
 
 
 def allocator(*args: str, timeout_s: float = LOCAL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
@@ -180,3 +196,57 @@ def test_step_down_drill_on_nodes_with_a_broken_fence_fails_and_names_the_violat
     assert "violation(s)" in error
     assert "I3:" in error
     assert data["cluster"]["left_running"] == []
+
+
+def test_drill_against_a_running_cluster_and_through_a_config_file(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """``--against`` drills a running local cluster and leaves it running; ``--config``
+    drills it as a deployed cluster (step-down only). A scenario the target cannot run is
+    refused before anything happens, with the reason (exit 2)."""
+    common = ["--state-dir", str(state_dir), "--session-timeout-ms", "2000"]
+    started = allocator("local", "up", "--zk", "1", "--nodes", "3", *common)
+    assert started.returncode == 0, started.stderr
+    info = LocalCluster(state_dir).status()
+    against = ["--against", str(state_dir)]
+
+    refused = allocator("drill", *against, "--scenario", "pg-partition")
+    assert refused.returncode == 2, refused.stderr
+    assert "proxies" in refused.stderr.strip().splitlines()[-1]
+
+    out = tmp_path / "against.json"
+    done = allocator(
+        "drill", *against, "--scenario", "expire", "--rounds", "1", "--json",
+        "--json-out", str(out), timeout_s=DRILL_TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data: dict[str, Any] = json.loads(done.stdout)
+    assert (data["scenario"], data["failed_rounds"], data["violations"]) == ("expire", 0, [])
+    assert data["round_results"][0]["new_leader"] != data["round_results"][0]["leader"]
+    assert data["cluster"]["stopped"] is False
+    assert LocalCluster(state_dir).status().running  # never stopped by the drill
+
+    config = tmp_path / "allocator.toml"
+    config.write_text(
+        "[zookeeper]\n"
+        f'hosts = "{info.node_zk_hosts}"\n'
+        f'auth = "{info.zk_auth}"\n'
+        "session_timeout_ms = 2000\n"
+        "[node]\n"
+        f'admin_token = "{info.admin_token}"\n'
+        "[postgres]\n"
+        f'url = "{info.database_url}"\n'
+    )
+    config.chmod(0o600)
+    refused = allocator("drill", "--config", str(config), "--scenario", "kill")
+    assert refused.returncode == 2, refused.stderr
+    assert "signals" in refused.stderr.strip().splitlines()[-1]
+
+    done = allocator(
+        "drill", "--config", str(config), "--scenario", "step-down", "--rounds", "2",
+        "--json", "--json-out", str(tmp_path / "config.json"), timeout_s=DRILL_TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert (data["scenario"], data["failed_rounds"], data["violations"]) == ("step-down", 0, [])
+    assert [r["ok"] for r in data["round_results"]] == [True, True]

@@ -20,7 +20,7 @@ Rules:
 - The verdict is the product's checker (:mod:`allocator.verify`) over the evidence
   :mod:`allocator.verify_db` reads: :meth:`ChaosCluster.check`, :meth:`ChaosCluster.assert_clean`.
 - Faults go through real mechanisms only: the cluster manager's signals, ZooKeeper and
-  PostgreSQL stops, a TCP proxy (:mod:`tests.chaos.proxy`), nodes built in ``tests/``
+  PostgreSQL stops, a TCP proxy (:mod:`allocator.drill.proxy`), nodes built in ``tests/``
   through the node's seams (:data:`UNSAFE_NODE_COMMAND`), libfaketime, and the session a
   node records in its session file (:meth:`ChaosCluster.session`, to expire it).
 - Nothing sleeps to let things settle: :func:`wait_for` polls an observable condition

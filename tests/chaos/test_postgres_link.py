@@ -7,7 +7,7 @@ URL directly, never through a proxy. Every test ends with the checker (I1-I5) fi
 nothing.
 
 A black hole is not a refusal: connections stay open, nothing is acknowledged, no FIN or
-RST ever arrives (:meth:`tests.chaos.proxy.Proxy.blackhole`; the first test shows it). Only
+RST ever arrives (:meth:`allocator.drill.proxy.Proxy.blackhole`; the first test shows it). Only
 the node's own bounds end its calls (TCP keepalives, ``tcp_user_timeout``, connect and pool
 timeouts), so "nothing hangs" is what these tests are about. A node hangs if its admin
 ``/status`` does not answer within ``STATUS_TIMEOUT_S``: every wait during a cut polls the
@@ -35,6 +35,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from allocator.drill.proxy import Proxy
 from allocator.local.ports import LOOPBACK
 from allocator.verify import check
 from tests.chaos.harness import (
@@ -49,7 +50,6 @@ from tests.chaos.harness import (
     now_utc,
     wait_for,
 )
-from tests.chaos.proxy import Proxy
 
 pytestmark = pytest.mark.integration
 

@@ -19,6 +19,7 @@ from datetime import timedelta
 
 import pytest
 
+from allocator.drill.proxy import Proxy
 from allocator.node import EXIT_FENCED, EXIT_SESSION_LOST
 from tests.chaos.harness import (
     ChaosCluster,
@@ -30,7 +31,6 @@ from tests.chaos.harness import (
     now_utc,
     wait_for,
 )
-from tests.chaos.proxy import Proxy
 
 pytestmark = pytest.mark.integration
 

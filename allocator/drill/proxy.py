@@ -1,5 +1,8 @@
 """A cuttable TCP proxy on 127.0.0.1, for cutting one node's link to ZooKeeper or PostgreSQL.
 
+It serves ``allocator drill`` (:mod:`allocator.drill.links` puts one in front of every
+server a node talks to) and the chaos tests (``tests/chaos``), which drive it directly.
+
 Rules (psycopg's ``fix_proxy.py`` idea, on plain sockets and threads):
 
 - Listens on ``127.0.0.1:<free port>`` and forwards every accepted connection to one

@@ -1,0 +1,344 @@
+"""What each node uses over a soak (``allocator drill --duration``): memory (RSS), open
+files and threads, sampled from ``/proc`` and judged against a stated bound.
+
+Rules:
+
+- A sample reads ``/proc/<pid>/status`` (``VmRSS`` in kB, reported in MiB; ``Threads``) and
+  counts the entries of ``/proc/<pid>/fd``. A process can exit (or turn zombie, which has no
+  ``VmRSS``) between those reads: then :func:`sample` returns ``None`` and nothing is
+  recorded. A pid the kernel hands to another process between two reads is not detected
+  (it needs a wrap-around of the pid space within one sampling interval).
+- Nodes restart during a soak. An *incarnation* is a run of consecutive samples of one node
+  with the same pid; a new pid starts a new incarnation, and nothing is ever compared across
+  incarnations, so a restart never counts as growth (nor as shrinkage).
+- Warm-up: an incarnation's samples taken less than ``warmup_s`` (:data:`WARMUP_S`) after
+  its first sample are skipped (start-up allocations, connection pools filling). The first
+  sample is the first *observation*, so an incarnation older than the soak skips at least
+  its warm-up, never less.
+- An incarnation is *judged* when at least ``2 x MIN_WINDOW_SAMPLES`` of its samples are
+  left after the warm-up. With ``n`` such samples and ``k = min(WINDOW_SAMPLES, n // 2)``,
+  its growth per resource = median of its last ``k`` samples - median of its first ``k``
+  samples after the warm-up (the two windows never overlap). Medians, never single points,
+  so one spike (a burst of claims, a garbage collection) neither fails nor hides a leak.
+  Counts (open files, threads) use the lower median, so they stay integers.
+- A node's growth per resource is the largest growth of its judged incarnations, so the
+  longest-lived incarnation (where a slow leak shows most) always counts, and a faster leak
+  in a shorter one is not hidden by it. A node with no judged incarnation (it never lived
+  long enough past a warm-up) is listed in ``not_judged``, has no ``growth`` entry and does
+  not fail the run by itself.
+- The run's resources are ``ok`` when no node's growth exceeds :class:`Bound` in any
+  resource (strictly greater fails; equal passes). Each node and resource over the bound is
+  one line of ``problems``, naming the incarnation (pid) and its window.
+- :class:`Sampler` samples the current pid of every node every ``interval_s`` on one daemon
+  thread; it waits on an :class:`threading.Event` (never ``time.sleep``) so :meth:`stop`
+  returns within one sample, and its join is bounded. A failing pid lookup skips one tick.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Final
+
+logger = logging.getLogger(__name__)
+
+PROC: Final = Path("/proc")
+WARMUP_S: Final = 120.0
+WINDOW_SAMPLES: Final = 5
+MIN_WINDOW_SAMPLES: Final = 3
+STOP_TIMEOUT_S: Final = 5.0
+KIB_PER_MIB: Final = 1024.0
+
+RESOURCES: Final = ("rss_mib", "open_files", "threads")
+UNITS: Final = {"rss_mib": "MiB", "open_files": "open files", "threads": "threads"}
+
+
+@dataclass(frozen=True)
+class ProcessSample:
+    """One process at one moment."""
+
+    rss_mib: float
+    open_files: int
+    threads: int
+
+
+@dataclass(frozen=True)
+class Bound:
+    """The largest growth a node may show in one incarnation (see the module rules)."""
+
+    rss_growth_mib: float = 64
+    fd_growth: int = 32
+    thread_growth: int = 16
+
+    def limit(self, resource: str) -> float:
+        return {
+            "rss_mib": self.rss_growth_mib,
+            "open_files": self.fd_growth,
+            "threads": self.thread_growth,
+        }[resource]
+
+    def as_dict(self) -> dict[str, float]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One recorded sample of a node: seconds since the run started, the pid, the sample."""
+
+    t_s: float
+    pid: int
+    sample: ProcessSample
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "t_s": round(self.t_s, 2),
+            "pid": self.pid,
+            "rss_mib": round(self.sample.rss_mib, 1),
+            "open_files": self.sample.open_files,
+            "threads": self.sample.threads,
+        }
+
+
+def sample(pid: int, root: Path = PROC) -> ProcessSample | None:
+    """The process's RSS, open files and threads now; ``None`` when it is gone or unreadable."""
+    base = root / str(pid)
+    try:
+        status = (base / "status").read_text(encoding="utf-8", errors="replace")
+        open_files = len(os.listdir(base / "fd"))
+    except OSError:  # gone, a zombie's fd folder, or not ours to read
+        return None
+    fields: dict[str, str] = {}
+    for line in status.splitlines():
+        key, sep, value = line.partition(":")
+        if sep:
+            fields[key] = value.strip()
+    try:
+        rss_kib = int(fields["VmRSS"].split()[0])
+        threads = int(fields["Threads"])
+    except (KeyError, IndexError, ValueError):  # a zombie or a kernel thread: no memory
+        return None
+    return ProcessSample(rss_mib=rss_kib / KIB_PER_MIB, open_files=open_files, threads=threads)
+
+
+class ResourceLog:
+    """Every sample of every node, in the order added; safe to share between threads."""
+
+    def __init__(self, nodes: Iterable[str] = ()) -> None:
+        self._lock = threading.Lock()
+        # nodes named up front are reported (as not judged) even if never sampled
+        self._entries: dict[str, list[Entry]] = {node: [] for node in nodes}
+
+    def add(self, node: str, t_s: float, pid: int, sample: ProcessSample | None) -> None:
+        """Record ``sample`` of ``node`` (pid ``pid``) at ``t_s``; ``None`` records nothing."""
+        with self._lock:
+            entries = self._entries.setdefault(node, [])
+            if sample is not None:
+                entries.append(Entry(t_s=t_s, pid=pid, sample=sample))
+
+    def nodes(self) -> dict[str, list[Entry]]:
+        """A copy: each node's entries in the order added."""
+        with self._lock:
+            return {node: list(entries) for node, entries in self._entries.items()}
+
+    def __len__(self) -> int:
+        with self._lock:
+            return sum(len(entries) for entries in self._entries.values())
+
+
+@dataclass(frozen=True)
+class Growth:
+    """One incarnation's growth in one resource, with the window it was measured over."""
+
+    value: float
+    pid: int
+    from_s: float
+    to_s: float
+
+
+def incarnations(entries: Iterable[Entry]) -> list[list[Entry]]:
+    """Runs of consecutive entries with the same pid."""
+    runs: list[list[Entry]] = []
+    for entry in entries:
+        if runs and runs[-1][-1].pid == entry.pid:
+            runs[-1].append(entry)
+        else:
+            runs.append([entry])
+    return runs
+
+
+def _value(entry: Entry, resource: str) -> float:
+    return float(getattr(entry.sample, resource))
+
+
+def _median(values: list[float], resource: str) -> float:
+    if resource == "rss_mib":
+        return statistics.median(values)
+    return statistics.median_low(values)
+
+
+def incarnation_growth(
+    run: list[Entry],
+    *,
+    warmup_s: float = WARMUP_S,
+    window: int = WINDOW_SAMPLES,
+    min_window: int = MIN_WINDOW_SAMPLES,
+) -> dict[str, Growth] | None:
+    """One incarnation's growth per resource, or ``None`` when it is not judged."""
+    if not run:
+        return None
+    judged = [e for e in run if e.t_s >= run[0].t_s + warmup_s]
+    if len(judged) < 2 * min_window:
+        return None
+    k = min(window, len(judged) // 2)
+    first, last = judged[:k], judged[-k:]
+    return {
+        resource: Growth(
+            value=_median([_value(e, resource) for e in last], resource)
+            - _median([_value(e, resource) for e in first], resource),
+            pid=run[0].pid,
+            from_s=first[0].t_s,
+            to_s=last[-1].t_s,
+        )
+        for resource in RESOURCES
+    }
+
+
+def node_growth(
+    entries: Iterable[Entry],
+    *,
+    warmup_s: float = WARMUP_S,
+    window: int = WINDOW_SAMPLES,
+    min_window: int = MIN_WINDOW_SAMPLES,
+) -> dict[str, Growth] | None:
+    """Per resource, the largest growth of the node's judged incarnations; ``None`` if none."""
+    worst: dict[str, Growth] = {}
+    for run in incarnations(entries):
+        growth = incarnation_growth(run, warmup_s=warmup_s, window=window, min_window=min_window)
+        for resource, g in (growth or {}).items():
+            if resource not in worst or g.value > worst[resource].value:
+                worst[resource] = g
+    return worst or None
+
+
+def _rounded(resource: str, value: float) -> float | int:
+    return round(value, 1) if resource == "rss_mib" else int(value)
+
+
+def judge(
+    log: ResourceLog,
+    bound: Bound | None = None,
+    *,
+    warmup_s: float = WARMUP_S,
+    window: int = WINDOW_SAMPLES,
+    min_window: int = MIN_WINDOW_SAMPLES,
+) -> dict[str, Any]:
+    """The run document's ``resources`` object (see the module rules)."""
+    bound = bound or Bound()
+    nodes = log.nodes()
+    growth: dict[str, dict[str, float | int]] = {}
+    problems: list[str] = []
+    not_judged: list[str] = []
+    for node, entries in nodes.items():
+        worst = node_growth(entries, warmup_s=warmup_s, window=window, min_window=min_window)
+        if worst is None:
+            not_judged.append(node)
+            continue
+        growth[node] = {r: _rounded(r, g.value) for r, g in worst.items()}
+        for resource, g in worst.items():
+            limit = bound.limit(resource)
+            if g.value > limit:
+                problems.append(
+                    f"{node}: {resource} grew by {_rounded(resource, g.value)} "
+                    f"{UNITS[resource]} (bound {limit:g}) in pid {g.pid} "
+                    f"between t={g.from_s:.1f} s and t={g.to_s:.1f} s"
+                )
+    return {
+        "bound": bound.as_dict(),
+        "nodes": {node: [e.as_dict() for e in entries] for node, entries in nodes.items()},
+        "growth": growth,
+        "ok": not problems,
+        "problems": problems,
+        "not_judged": not_judged,
+    }
+
+
+class Sampler:
+    """Samples every node's current pid into a :class:`ResourceLog` every ``interval_s``.
+
+    ``pids`` names each node's current pid (a node without one is skipped that tick);
+    ``t_s`` is ``clock() - origin_s`` (``origin_s`` defaults to ``clock()`` at :meth:`start`),
+    so pass the run's own start to share its time axis. Use as a context manager, or
+    :meth:`start` and :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        pids: Callable[[], Mapping[str, int]],
+        interval_s: float,
+        log: ResourceLog,
+        clock: Callable[[], float] = time.monotonic,
+        *,
+        origin_s: float | None = None,
+        root: Path = PROC,
+    ) -> None:
+        if interval_s <= 0:
+            raise ValueError("the sampling interval must be positive")
+        self._pids = pids
+        self._interval_s = interval_s
+        self._log = log
+        self._clock = clock
+        self._origin_s = origin_s
+        self._root = root
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="resource-sampler", daemon=True)
+
+    def start(self) -> Sampler:
+        if self._origin_s is None:
+            self._origin_s = self._clock()
+        self._thread.start()
+        return self
+
+    def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> bool:
+        """Stop and join (at most ``timeout_s``); whether the thread ended. Idempotent."""
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            logger.warning("event=resource_sampler_stuck timeout_s=%s", timeout_s)
+            return False
+        return True
+
+    def __enter__(self) -> Sampler:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def sample_once(self) -> int:
+        """Sample every node now; how many samples were recorded."""
+        try:
+            pids = dict(self._pids())
+        except Exception as exc:  # a half-written pid file: try again next tick
+            logger.warning("event=resource_pids_failed error=%r", exc)
+            return 0
+        recorded = 0
+        for node, pid in pids.items():
+            taken = sample(pid, self._root)
+            t_s = self._clock() - (self._origin_s or 0.0)
+            self._log.add(node, t_s, pid, taken)
+            recorded += taken is not None
+        return recorded
+
+    def _run(self) -> None:
+        # the schedule runs on the real monotonic clock (what Event.wait counts in), whatever
+        # clock names the samples' times
+        while not self._stop.is_set():
+            began = time.monotonic()
+            self.sample_once()
+            self._stop.wait(max(0.0, self._interval_s - (time.monotonic() - began)))

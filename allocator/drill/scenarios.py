@@ -1,0 +1,438 @@
+"""Every fault the drill rehearses, as a scenario: what it needs, what it does, how it heals.
+
+Rules:
+
+- A scenario names the capabilities it needs (:data:`SIGNALS`: the nodes' processes,
+  :data:`SESSIONS`: the nodes' session files, :data:`ZK_SERVERS`, :data:`POSTGRES`,
+  :data:`STANDBY`, :data:`LINKS`: the nodes reach ZooKeeper and PostgreSQL through the
+  drill's proxies and start under its shim, :data:`STEP_DOWN`: the admin token). A target
+  that lacks one refuses the scenario before anything runs (:func:`refusal`).
+- ``inject`` applies the fault to a ready cluster and returns at once with a :class:`Fault`:
+  what it hit, the moment handover time counts from, and how and when to heal it
+  (``heal_at`` a monotonic time, or None: once the handover is seen or its deadline
+  passed). Only the clock scenarios block in ``inject``: they first make the skewed node
+  lead (restart it under libfaketime, then step down the nodes ahead of it).
+- ``must_hand_over``: the fault takes the leader out (its process, session or links), so
+  a newer epoch held by another node must follow within ``handover_timeout_s``. The others
+  (a short ZooKeeper cut, one ZooKeeper server, quorum, PostgreSQL restart or failover)
+  *may* hand over; a round of theirs is judged by recovery and the checker alone.
+- Durations derive from the session timeout: a short cut lasts a third of it, a long cut
+  and a pause twice it (past the session), quorum loss one and a half.
+- Faults act only through real mechanisms: the cluster manager's signals and server stops,
+  a second client closing the leader's ZooKeeper session with the credentials of its
+  session file (what a reaper does), the drill's proxies, libfaketime.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Final
+
+from kazoo.client import KazooClient
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
+
+from allocator import session_file
+from allocator.drill.links import Links
+from allocator.drill.observe import DrillError, Leader, request_step_down
+from allocator.local.cluster import LocalCluster
+
+log = logging.getLogger(__name__)
+
+SIGNALS: Final = "signals"
+SESSIONS: Final = "sessions"
+ZK_SERVERS: Final = "zk-servers"
+POSTGRES: Final = "postgres"
+STANDBY: Final = "standby"
+LINKS: Final = "links"
+STEP_DOWN: Final = "step-down"
+
+CLOCK_AHEAD_OFFSET: Final = "+1h"
+CLOCK_BEHIND_OFFSET: Final = "-1m"
+EXPIRE_CONNECT_TIMEOUT_S: Final = 5.0
+PG_RESTART_DOWN_S: Final = 1.0
+HANDOVER_TIMEOUT_FACTOR: Final = 3
+HANDOVER_TIMEOUT_MARGIN_S: Final = 10.0
+DEFAULT_DB_UNREACHABLE_S: Final = 15.0
+DEFAULT_CLOCK_SKEW_HANDOVER_S: Final = 10.0
+
+
+@dataclass
+class Target:
+    """What the faults act on; ``local`` None is a deployed cluster (no process control)."""
+
+    names: list[str]
+    admin_urls: dict[str, str]
+    admin_token: str
+    session_timeout_ms: int
+    zk_hosts: str
+    """The nodes' ZooKeeper connect string (the drill's own client uses it too)."""
+    local: LocalCluster | None = None
+    links: Links | None = None
+    node_state_dirs: dict[str, Path] = field(default_factory=dict)
+    zk_server_ids: list[int] = field(default_factory=list)
+    has_standby: bool = False
+    db_unreachable_s: float = DEFAULT_DB_UNREACHABLE_S
+    clock_skew_handover_s: float = DEFAULT_CLOCK_SKEW_HANDOVER_S
+    rng: random.Random = field(default_factory=random.Random)
+
+    @property
+    def session_s(self) -> float:
+        return self.session_timeout_ms / 1000
+
+    def capabilities(self) -> frozenset[str]:
+        found = {STEP_DOWN} if self.admin_token else set()
+        if self.local is not None:
+            found |= {SIGNALS, ZK_SERVERS, POSTGRES}
+            if self.node_state_dirs:
+                found.add(SESSIONS)
+            if self.has_standby:
+                found.add(STANDBY)
+        if self.links is not None:
+            found.add(LINKS)
+        return frozenset(found)
+
+    def cluster(self) -> LocalCluster:
+        if self.local is None:
+            raise DrillError("this fault needs process control of the cluster")
+        return self.local
+
+    def node_links(self) -> Links:
+        if self.links is None:
+            raise DrillError("this fault needs the drill's links to the nodes")
+        return self.links
+
+
+@dataclass
+class Fault:
+    scenario: str
+    target: str | None
+    started_at: float
+    """Monotonic time handover is measured from (the fault, or a skewed node's takeover)."""
+    heal: Callable[[], None] | None = None
+    heal_at: float | None = None
+    """When to heal (monotonic); None with ``heal``: once handed over or past the deadline."""
+    healed_at: float | None = None
+    away_from: Leader | None = None
+    """The term the handover leaves (None: the leader the round started with)."""
+
+    @property
+    def healed(self) -> bool:
+        return self.heal is None or self.healed_at is not None
+
+
+class Waits:
+    """What a blocking ``inject`` may wait for (the runner provides it)."""
+
+    def wait_ready(self) -> Leader:
+        raise NotImplementedError
+
+    def wait_newer(self, than: Leader) -> Leader:
+        """Until the fence shows a newer epoch than ``than``'s, held by another node."""
+        raise NotImplementedError
+
+    def wait_restarted(self, name: str, old_pid: int) -> None:
+        """Until node ``name`` runs again with a pid other than ``old_pid``."""
+        raise NotImplementedError
+
+
+Inject = Callable[[Target, Leader, Waits], Fault]
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    needs: frozenset[str]
+    must_hand_over: bool
+    inject: Inject
+    extra_timeout_s: Callable[[Target], float] = lambda _target: 0.0
+    """Added to the handover deadline (a fault whose detection has its own delay)."""
+
+    def handover_timeout_s(self, target: Target) -> float:
+        base = HANDOVER_TIMEOUT_FACTOR * target.session_s + HANDOVER_TIMEOUT_MARGIN_S
+        return base + self.extra_timeout_s(target)
+
+
+# -- node processes ---------------------------------------------------------------------------
+
+
+def _signal(name: str, sig: str) -> Inject:
+    def inject(target: Target, leader: Leader, _waits: Waits) -> Fault:
+        started = time.monotonic()
+        target.cluster().signal_node(leader.name, sig)
+        return Fault(name, leader.name, started)
+
+    return inject
+
+
+def _step_down(target: Target, leader: Leader, _waits: Waits) -> Fault:
+    started = time.monotonic()
+    request_step_down(leader.admin_url, target.admin_token)
+    return Fault("step-down", leader.name, started)
+
+
+def _pause(target: Target, leader: Leader, _waits: Waits) -> Fault:
+    cluster = target.cluster()
+    started = time.monotonic()
+    cluster.signal_node(leader.name, "SIGSTOP")
+    return Fault(
+        "pause",
+        leader.name,
+        started,
+        heal=lambda: _resume(cluster, leader.name),
+        heal_at=started + 2 * target.session_s,
+    )
+
+
+def _resume(cluster: LocalCluster, name: str) -> None:
+    try:
+        cluster.signal_node(name, "SIGCONT")
+    except DrillError:
+        raise
+    except Exception as exc:
+        log.info("event=resume_skipped node=%s error=%s", name, exc)
+
+
+def _host_death(target: Target, leader: Leader, _waits: Waits) -> Fault:
+    """SIGSTOP, never resumed: once someone else leads, the frozen process is killed (the
+    host "comes back" rebooted) so the next round has every node again."""
+    cluster = target.cluster()
+    started = time.monotonic()
+    cluster.signal_node(leader.name, "SIGSTOP")
+    return Fault(
+        "host-death",
+        leader.name,
+        started,
+        heal=lambda: _kill_frozen(cluster, leader.name),
+    )
+
+
+def _kill_frozen(cluster: LocalCluster, name: str) -> None:
+    try:
+        cluster.signal_node(name, "SIGKILL")
+    except Exception as exc:
+        log.info("event=kill_skipped node=%s error=%s", name, exc)
+
+
+def _expire(target: Target, leader: Leader, _waits: Waits) -> Fault:
+    state_dir = target.node_state_dirs.get(leader.name)
+    record = session_file.read(state_dir) if state_dir is not None else None
+    if record is None or record.pid != leader.pid:
+        raise DrillError(f"{leader.name} has no session file of pid {leader.pid}")
+    started = time.monotonic()
+    close_session(target.zk_hosts, (record.session_id, record.session_password))
+    return Fault("expire", leader.name, started)
+
+
+def close_session(hosts: str, credentials: tuple[int, bytes]) -> None:
+    """End a ZooKeeper session on the server: attach a second client with its id and
+    password (no chroot: one round trip less to lose to the owner's reconnect), close it."""
+    servers = hosts.split("/", 1)[0]
+    thief = KazooClient(hosts=servers, client_id=credentials)
+    try:
+        thief.start(timeout=EXPIRE_CONNECT_TIMEOUT_S)
+    except (KazooException, KazooTimeoutError) as exc:
+        log.info("event=session_close_retry error=%s", exc)  # the owner won the race
+    finally:
+        thief.stop()
+        thief.close()
+
+
+# -- links ------------------------------------------------------------------------------------
+
+
+def _zk_cut(name: str, factor: float) -> Inject:
+    def inject(target: Target, leader: Leader, _waits: Waits) -> Fault:
+        links = target.node_links()
+        started = time.monotonic()
+        links.blackhole_zookeeper(leader.name)
+        return Fault(
+            name,
+            leader.name,
+            started,
+            heal=lambda: links.heal(leader.name),
+            heal_at=started + factor * target.session_s,
+        )
+
+    return inject
+
+
+def _pg_partition(target: Target, leader: Leader, _waits: Waits) -> Fault:
+    links = target.node_links()
+    started = time.monotonic()
+    links.blackhole_postgres(leader.name)
+    return Fault("pg-partition", leader.name, started, heal=lambda: links.heal(leader.name))
+
+
+def _clock(name: str, offset: str) -> Inject:
+    def inject(target: Target, leader: Leader, waits: Waits) -> Fault:
+        """Restart the leader under a skewed clock, make it lead again (step down the nodes
+        ahead of it), and measure how long it takes to hand over to a node whose clock
+        agrees with the database."""
+        cluster, links = target.cluster(), target.node_links()
+        links.set_clock(leader.name, offset)
+        cluster.signal_node(leader.name, "SIGTERM")  # it hands over and restarts skewed
+        waits.wait_restarted(leader.name, leader.pid)
+        current = waits.wait_ready()
+        for _ in range(len(target.names)):
+            if current.name == leader.name:
+                break
+            request_step_down(current.admin_url, target.admin_token)
+            successor = waits.wait_newer(current)
+            if successor.name == leader.name:
+                current = successor
+                break
+            current = waits.wait_ready()
+        else:
+            raise DrillError(f"{leader.name} never led again after its restart")
+        started = time.monotonic()
+
+        def heal() -> None:
+            links.set_clock(leader.name, None)
+            cluster.signal_node(leader.name, "SIGTERM")  # a follower by now: no handover
+            waits.wait_restarted(leader.name, current.pid)
+
+        return Fault(name, leader.name, started, heal=heal, away_from=current)
+
+    return inject
+
+
+# -- servers ----------------------------------------------------------------------------------
+
+
+def _zk_server_kill(target: Target, leader: Leader, _waits: Waits) -> Fault:
+    cluster = target.cluster()
+    server = target.rng.choice(target.zk_server_ids)
+    started = time.monotonic()
+    cluster.stop_zk(server, kill=True)
+    return Fault(
+        "zk-server-kill",
+        f"zk-{server}",
+        started,
+        heal=lambda: cluster.start_zk(server),
+        heal_at=started + target.session_s,
+    )
+
+
+def _zk_quorum_loss(target: Target, leader: Leader, _waits: Waits) -> Fault:
+    cluster = target.cluster()
+    ids = list(target.zk_server_ids)
+    victims = sorted(target.rng.sample(ids, len(ids) // 2 + 1))
+    started = time.monotonic()
+    for server in victims:
+        cluster.stop_zk(server, kill=True)
+
+    def heal() -> None:
+        for server in victims:
+            cluster.start_zk(server)
+
+    shown = ",".join(f"zk-{s}" for s in victims)
+    return Fault(
+        "zk-quorum-loss", shown, started, heal=heal, heal_at=started + 1.5 * target.session_s
+    )
+
+
+def _pg_restart(target: Target, leader: Leader, _waits: Waits) -> Fault:
+    cluster = target.cluster()
+    started = time.monotonic()
+    cluster.stop_postgres("immediate")
+    return Fault(
+        "pg-restart",
+        "postgres",
+        started,
+        heal=cluster.start_postgres,
+        heal_at=started + PG_RESTART_DOWN_S,
+    )
+
+
+def _pg_failover(target: Target, leader: Leader, _waits: Waits) -> Fault:
+    cluster = target.cluster()
+    started = time.monotonic()
+    cluster.pg_failover()
+    # The retired primary comes back as the new synchronous standby (a fresh base backup).
+    return Fault(
+        "pg-failover",
+        "postgres",
+        started,
+        heal=lambda: _rebuild_standby(cluster),
+        heal_at=started,
+    )
+
+
+def _rebuild_standby(cluster: LocalCluster) -> None:
+    cluster.up(migrate=False)
+
+
+# -- the list ---------------------------------------------------------------------------------
+
+
+def _db_extra(target: Target) -> float:
+    return target.db_unreachable_s
+
+
+def _clock_extra(target: Target) -> float:
+    return target.clock_skew_handover_s
+
+
+SCENARIOS: Final[dict[str, Scenario]] = {
+    s.name: s
+    for s in (
+        Scenario("graceful", frozenset({SIGNALS}), True, _signal("graceful", "SIGTERM")),
+        Scenario("step-down", frozenset({STEP_DOWN}), True, _step_down),
+        Scenario("kill", frozenset({SIGNALS}), True, _signal("kill", "SIGKILL")),
+        Scenario("pause", frozenset({SIGNALS}), True, _pause),
+        Scenario("expire", frozenset({SESSIONS}), True, _expire),
+        Scenario(
+            "zk-partition-short", frozenset({LINKS}), False, _zk_cut("zk-partition-short", 1 / 3)
+        ),
+        Scenario("zk-partition-long", frozenset({LINKS}), True, _zk_cut("zk-partition-long", 2.0)),
+        Scenario("pg-partition", frozenset({LINKS}), True, _pg_partition, _db_extra),
+        Scenario("zk-server-kill", frozenset({ZK_SERVERS}), False, _zk_server_kill),
+        Scenario("zk-quorum-loss", frozenset({ZK_SERVERS}), False, _zk_quorum_loss),
+        Scenario("pg-restart", frozenset({POSTGRES}), False, _pg_restart),
+        Scenario("pg-failover", frozenset({POSTGRES, STANDBY}), False, _pg_failover),
+        Scenario(
+            "clock-ahead",
+            frozenset({SIGNALS, LINKS, STEP_DOWN}),
+            True,
+            _clock("clock-ahead", CLOCK_AHEAD_OFFSET),
+            _clock_extra,
+        ),
+        Scenario(
+            "clock-behind",
+            frozenset({SIGNALS, LINKS, STEP_DOWN}),
+            True,
+            _clock("clock-behind", CLOCK_BEHIND_OFFSET),
+            _clock_extra,
+        ),
+        Scenario("host-death", frozenset({SIGNALS}), True, _host_death),
+    )
+}
+"""Every scenario by name, in the order ``--scenario all`` runs them."""
+
+MIXED: Final = "mixed"
+ALL: Final = "all"
+
+NEEDS_TEXT: Final = {
+    SIGNALS: "signals to the node processes (a local cluster: --state-dir or --against)",
+    SESSIONS: "the nodes' session files (a local cluster)",
+    ZK_SERVERS: "control of the ZooKeeper servers (a local cluster)",
+    POSTGRES: "control of PostgreSQL (a local cluster)",
+    STANDBY: "a PostgreSQL standby (`allocator local up --pg-standby`, or the drill's own cluster)",
+    LINKS: "the drill's proxies between each node and ZooKeeper/PostgreSQL (only a cluster "
+    "the drill starts itself: --state-dir, not --against or --config)",
+    STEP_DOWN: "the nodes' admin token",
+}
+
+
+def refusal(scenario: Scenario, capabilities: frozenset[str]) -> str | None:
+    """Why ``scenario`` cannot run on a target with ``capabilities``; None if it can."""
+    missing = sorted(scenario.needs - capabilities)
+    if not missing:
+        return None
+    return f"scenario {scenario.name} needs " + "; ".join(NEEDS_TEXT[m] for m in missing)

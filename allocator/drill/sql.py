@@ -1,0 +1,14 @@
+"""Every statement the drill runs, in one place (read-only; superuser or a reader's URL).
+
+Rules: the drill reads, never writes: the fence row, the pool's level. The verdict's reads
+are :mod:`allocator.verify_db`'s. Nothing here names a table the claim path writes.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+READ_FENCE: Final = "SELECT epoch, holder, pid FROM allocator.fence"
+"""The fence row, cheaply (``pool_status`` would also count the pool at every poll)."""
+
+READ_AVAILABLE_BLOCKS: Final = "SELECT available_blocks FROM allocator.pool_status"
