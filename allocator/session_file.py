@@ -23,7 +23,6 @@ Rules:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import stat
@@ -32,6 +31,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from allocator import files
 from allocator.errors import ConfigError
 
 FILE_NAME = "session.json"
@@ -112,24 +112,8 @@ def prepare(state_dir: Path) -> None:
 
 def write(state_dir: Path, record: SessionRecord) -> Path:
     """Replace the session file atomically with ``record`` (stamped now); returns its path."""
-    path = path_in(state_dir)
-    tmp = path.with_name(f".{FILE_NAME}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()  # left by a process that died half-way
-    data = json.dumps(replace(record, written_at=time.time()).to_json())
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
-    try:
-        with os.fdopen(fd, "w") as file:
-            os.fchmod(file.fileno(), FILE_MODE)  # whatever the umask
-            file.write(data + "\n")
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    return path
+    data = json.dumps(replace(record, written_at=time.time()).to_json()) + "\n"
+    return files.write_atomic(path_in(state_dir), data.encode(), mode=FILE_MODE)
 
 
 def read(state_dir: Path) -> SessionRecord | None:

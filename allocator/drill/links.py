@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -38,6 +37,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from allocator import files
 from allocator.drill.proxy import Proxy
 from allocator.errors import ConfigError, UsageError
 
@@ -138,23 +138,8 @@ def read_node_links(links_dir: Path, name: str) -> NodeLinks | None:
 
 def write_node_links(links_dir: Path, name: str, links: NodeLinks) -> Path:
     """Replace node ``name``'s links file atomically (mode 0600); returns its path."""
-    path = links_path(links_dir, name)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(FileNotFoundError):
-        tmp.unlink()  # left by a process that died half-way
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, FILE_MODE)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as file:
-            os.fchmod(file.fileno(), FILE_MODE)  # whatever the umask
-            file.write(json.dumps(links.to_json()) + "\n")
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
-    return path
+    data = (json.dumps(links.to_json()) + "\n").encode()
+    return files.write_atomic(links_path(links_dir, name), data, mode=FILE_MODE)
 
 
 @dataclass

@@ -14,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
+from allocator import files
 from allocator.drill.results import ScenarioResult
 
 TABLE_COLUMNS: Final = (
@@ -154,6 +155,4 @@ def document(
 def write_json(path: Path, data: Mapping[str, Any]) -> None:
     """Write ``data`` to ``path`` atomically (temp file + rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    tmp.replace(path)
+    files.write_atomic(path, (json.dumps(data, indent=2) + "\n").encode())

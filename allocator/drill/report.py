@@ -24,12 +24,9 @@ Rules:
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import math
-import os
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,6 +38,8 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
+
+from allocator import files as files_mod
 
 JSON_NAME: Final = "drill.json"
 MARKDOWN_NAME: Final = "drill.md"
@@ -91,18 +90,7 @@ def write_report(directory: Path, document: Mapping[str, Any]) -> ReportFiles:
 
 
 def _write_atomic(path: Path, data: bytes) -> None:
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as file:
-            os.fchmod(file.fileno(), FILE_MODE)  # mkstemp makes it 0600; a report is for people
-            file.write(data)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(name, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(name)
-        raise
+    files_mod.write_atomic(path, data, mode=FILE_MODE)
 
 
 # -- reading the document (null-tolerant) ----------------------------------------------------
