@@ -75,26 +75,17 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     help="Soak: run the mixed schedule this long (90s, 30m, 2h), sampling each node's "
     "memory, open files and threads; growth past the bound fails the run.",
 )
-@click.option(
-    "--nodes",
-    type=click.IntRange(2, MAX_NODES),
-    default=nodes_mod.DEFAULT_NODES,
-    show_envvar=True,
+@options.nodes_option(
+    2,
+    MAX_NODES,
+    nodes_mod.DEFAULT_NODES,
     help="Allocator nodes in the election (the drill's own cluster).",
 )
-@click.option(
-    "--zk",
-    "zk_servers",
-    type=click.IntRange(1, 7),
-    default=3,
-    show_envvar=True,
-    help="ZooKeeper servers of a new cluster (an existing one must have as many).",
+@options.zk_servers_option(
+    3, help="ZooKeeper servers of a new cluster (an existing one must have as many)."
 )
-@click.option(
-    "--session-timeout-ms",
-    type=click.IntRange(min=1),
-    default=nodes_mod.DEFAULT_SESSION_TIMEOUT_MS,
-    show_envvar=True,
+@options.session_timeout_option(
+    nodes_mod.DEFAULT_SESSION_TIMEOUT_MS,
     help="The nodes' ZooKeeper session timeout (the drill's own cluster).",
 )
 @options.state_dir_option(DEFAULT_STATE_DIR, help="State folder of the drill's own cluster.")

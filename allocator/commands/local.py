@@ -49,12 +49,8 @@ def local() -> None:
 
 
 @local.command("up")
-@click.option(
-    "--zk",
-    "zk_servers",
-    type=click.IntRange(1, 7),
-    default=None,
-    show_envvar=True,
+@options.zk_servers_option(
+    None,
     help="ZooKeeper servers, 1 or 3 (any odd number up to 7). [default: 3 for a new "
     "cluster, else as recorded]",
 )
@@ -80,19 +76,15 @@ def local() -> None:
     show_envvar=True,
     help="ZooKeeper client port of a new cluster, once per server. [default: free ports]",
 )
-@click.option(
-    "--nodes",
-    type=click.IntRange(0, MAX_NODES),
-    default=None,
-    show_envvar=True,
+@options.nodes_option(
+    0,
+    MAX_NODES,
+    None,
     help=f"Allocator nodes to run under the supervisor; 0 for none. [default: "
     f"{nodes_mod.DEFAULT_NODES} for a new cluster, else as recorded]",
 )
-@click.option(
-    "--session-timeout-ms",
-    type=click.IntRange(min=1),
-    default=None,
-    show_envvar=True,
+@options.session_timeout_option(
+    None,
     help=f"The nodes' ZooKeeper session timeout. [default: "
     f"{nodes_mod.DEFAULT_SESSION_TIMEOUT_MS}, or as recorded]",
 )

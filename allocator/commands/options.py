@@ -21,8 +21,10 @@ Rules:
 - Options several commands share are declared once, here: ``--state-dir``
   (:func:`state_dir_option`), ``--json-out`` / ``--json`` / ``--keep``
   (:func:`json_out_option`, :func:`json_option`, :func:`keep_option`, together
-  :func:`bench_output_options`). A command passes what differs (its default folder, its
-  JSON file's stem, its help); names and types stay the same everywhere.
+  :func:`bench_output_options`), and the embedded cluster's shape: ``--zk``,
+  ``--nodes``, ``--session-timeout-ms`` (:func:`zk_servers_option`, :func:`nodes_option`,
+  :func:`session_timeout_option`). A command passes what differs (its default folder,
+  its JSON file's stem, its defaults, its help); names and types stay the same everywhere.
 """
 
 from __future__ import annotations
@@ -194,3 +196,37 @@ def bench_output_options(stem: str) -> Callable[[F], F]:
         return json_out_option(stem)(json_option()(keep_option()(func)))
 
     return decorate
+
+
+def zk_servers_option(default: int | None, help: str) -> Callable[[F], F]:
+    """``--zk``: how many ZooKeeper servers (1 to 7), handed over as ``zk_servers``."""
+    return click.option(
+        "--zk",
+        "zk_servers",
+        type=click.IntRange(1, 7),
+        default=default,
+        show_envvar=True,
+        help=help,
+    )
+
+
+def nodes_option(minimum: int, maximum: int, default: int | None, help: str) -> Callable[[F], F]:
+    """``--nodes``: how many allocator nodes the embedded cluster runs."""
+    return click.option(
+        "--nodes",
+        type=click.IntRange(minimum, maximum),
+        default=default,
+        show_envvar=True,
+        help=help,
+    )
+
+
+def session_timeout_option(default: int | None, help: str) -> Callable[[F], F]:
+    """``--session-timeout-ms``: the nodes' ZooKeeper session timeout."""
+    return click.option(
+        "--session-timeout-ms",
+        type=click.IntRange(min=1),
+        default=default,
+        show_envvar=True,
+        help=help,
+    )
