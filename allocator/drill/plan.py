@@ -24,6 +24,7 @@ Rules:
 from __future__ import annotations
 
 import json
+import random
 import secrets
 import sys
 import time
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from allocator import config as config_mod
+from allocator import zkclient
 from allocator.drill import resources, schedule
 from allocator.drill import scenarios as scenarios_mod
 from allocator.drill.links import Links
@@ -42,6 +44,7 @@ from allocator.drill.output import document, verdict
 from allocator.drill.results import ScenarioResult
 from allocator.drill.runner import Drill, Sources
 from allocator.drill.scenarios import LINKS, MIXED, SCENARIOS, STANDBY, Target, refusal
+from allocator.election import read_contenders
 from allocator.errors import UsageError
 from allocator.local import nodes as nodes_mod
 from allocator.local.cluster import ClusterInfo, LocalCluster
@@ -212,9 +215,6 @@ def _run_deployed(request: Request, progress: Progress) -> Outcome:
 
 def _deployed_nodes(config: config_mod.Config) -> tuple[list[str], dict[str, str]]:
     """The contenders now in the election and their admin URLs (from their znodes)."""
-    from allocator import zkclient
-    from allocator.election import read_contenders
-
     client = zkclient.client(config)
     try:
         client.start(timeout=config.zookeeper.session_timeout_ms / 1000)
@@ -290,9 +290,7 @@ def _cluster_pids(info: ClusterInfo) -> list[int]:
     return sorted({p for p in pids if p is not None})
 
 
-def _rng(request: Request) -> Any:
-    import random
-
+def _rng(request: Request) -> random.Random:
     return random.Random(request.seed)  # noqa: S311 (fault choices, not secrets)
 
 

@@ -318,6 +318,24 @@ class Drill(Waits):
             outcome.error = f"fault not applied: {exc}"
             self._heal_all(faults, outcome)
             return outcome
+        except BaseException:  # Ctrl-C or SIGTERM: never leave a node paused or cut off
+            self._heal_all(faults, outcome)
+            raise
+        try:
+            return self._observe(scenarios, faults, leader, outcome, number)
+        except BaseException:
+            self._heal_all(faults, outcome)
+            raise
+
+    def _observe(
+        self,
+        scenarios: Sequence[Scenario],
+        faults: list[Fault],
+        leader: Leader,
+        outcome: RoundResult,
+        number: int,
+    ) -> RoundResult:
+        """The rest of a round once its faults are in: handover, heal, ready again."""
         marks = [self.timeline.fault(f.scenario, number, f.started_at, f.target) for f in faults]
         outcome.target = ", ".join(sorted({f.target for f in faults if f.target}))
         leader = next((f.away_from for f in faults if f.away_from is not None), leader)
