@@ -7,8 +7,11 @@ Rules:
   read reconnects). The election is read with :func:`allocator.election.read_contenders`.
 - A cluster is *ready* for a round when every node runs (pid from the supervisor's
   records, or any pid for a deployed cluster), the election holds exactly one znode per
-  node with that pid, the fence is held by the first of them with that pid, and the pool
-  is not empty: faults hit a leader at work, not one still taking over.
+  node with that pid, the fence is held by the first of them with that pid, and that
+  leader is *at work*: the pool is not empty, and the leader has cut in its term or the
+  pool's runway covers two session timeouts (the longest handover a fault may cause).
+  Faults hit a leader at work, not one still taking over; rounds back to back never drain
+  a pool that no leader lived long enough to refill.
 - A node *serves* as leader when its ``/status`` says ``role: leader`` and
   ``may_write: true`` (a leader cut off from ZooKeeper stops writing at once); a paused or
   unreachable node answers nothing and so serves nothing.
@@ -65,6 +68,26 @@ class Leader:
     admin_url: str
 
 
+@dataclass(frozen=True)
+class PoolState:
+    available_blocks: int
+    runway_s: float | None
+    last_cut_epoch: int | None
+
+    def at_work(self, epoch: int, cover_s: float) -> tuple[bool, str]:
+        """Whether the leader of ``epoch`` is at work (see the module rules), and why not."""
+        if self.available_blocks == 0:
+            return False, "the pool is empty"
+        if self.last_cut_epoch == epoch:
+            return True, ""
+        if self.runway_s is not None and self.runway_s >= cover_s:
+            return True, ""
+        return False, (
+            f"the leader of epoch {epoch} has not cut yet and the pool's runway "
+            f"({self.runway_s} s) is under {cover_s:.0f} s"
+        )
+
+
 class FenceReader:
     """A dedicated autocommit connection that reads the fence row (no pool, no retries)."""
 
@@ -83,6 +106,14 @@ class FenceReader:
         """Unclaimed blocks in the pool (``allocator.pool_status``)."""
         row = self._fetch(sql.READ_AVAILABLE_BLOCKS)
         return 0 if row is None else int(row[0])
+
+    def pool(self) -> PoolState:
+        """The pool's level, runway and the epoch of the newest cut."""
+        row = self._fetch(sql.READ_POOL)
+        if row is None:
+            return PoolState(0, None, None)
+        runway = None if row[1] is None else float(row[1])
+        return PoolState(int(row[0]), runway, None if row[2] is None else int(row[2]))
 
     def _fetch(self, statement: str) -> Any:
         try:

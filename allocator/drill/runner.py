@@ -255,8 +255,11 @@ class Drill(Waits):
             leader, reason = ready_leader(
                 fence, contenders, pids, self.target.names, self.target.admin_urls
             )
-            if leader is not None and self._fence.available_blocks() == 0:
-                return None, f"the pool is empty: {leader.name} has not cut yet"
+            if leader is not None:
+                cover_s = 2 * self.target.session_s
+                at_work, why = self._fence.pool().at_work(leader.epoch, cover_s)
+                if not at_work:
+                    return None, f"{leader.name}: {why}"
             return leader, reason
 
         leader: Leader = wait_until(

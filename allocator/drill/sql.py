@@ -12,3 +12,11 @@ READ_FENCE: Final = "SELECT epoch, holder, pid FROM allocator.fence"
 """The fence row, cheaply (``pool_status`` would also count the pool at every poll)."""
 
 READ_AVAILABLE_BLOCKS: Final = "SELECT available_blocks FROM allocator.pool_status"
+
+READ_POOL: Final = (
+    "SELECT p.available_blocks, p.runway_s,"
+    " (SELECT b.epoch FROM allocator.blocks b ORDER BY b.block_id DESC LIMIT 1)"
+    " FROM allocator.pool_status p"
+)
+"""The pool's level and runway, and the epoch of the newest cut (the primary key's order is
+cut order, so this reads one index entry)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from allocator.drill import output, schedule
+from allocator.drill.observe import PoolState
 from allocator.drill.results import RoundResult, ScenarioResult, percentile, summarize
 from allocator.drill.scenarios import (
     LINKS,
@@ -165,3 +166,13 @@ def test_the_verdict_names_each_violation_with_its_scenario_and_fails() -> None:
     assert (verdict["claims"], verdict["pool_empty"], verdict["claim_errors"]) == (10, 2, 2)
     assert verdict["claim_error_kinds"] == {"08006": 2}
     assert output.verdict([clean], 0.0, None)["ok"] is True
+
+
+def test_a_leader_is_at_work_once_it_cut_or_the_pool_covers_a_handover() -> None:
+    assert PoolState(10, 1.0, 7).at_work(7, cover_s=8.0) == (True, "")  # cut in its term
+    assert PoolState(900, 20.0, 6).at_work(7, cover_s=8.0) == (True, "")  # runway covers
+    waiting, why = PoolState(100, 2.0, 6).at_work(7, cover_s=8.0)
+    assert not waiting
+    assert "not cut yet" in why
+    assert not PoolState(100, None, 6).at_work(7, cover_s=8.0)[0]  # no rate known yet
+    assert not PoolState(0, 50.0, 7).at_work(7, cover_s=8.0)[0]  # empty is never at work
