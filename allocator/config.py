@@ -261,7 +261,12 @@ class PostgresConfig(_Section):
     pool_min_size: Int = Field(default=1, ge=0)
     pool_max_size: Int = Field(default=4, ge=1)
     statement_timeout_ms: Int = Field(default=5000, gt=0, le=PG_INT_MAX)
-    idle_in_transaction_timeout_ms: Int = Field(default=5000, gt=0, le=PG_INT_MAX)
+    idle_in_transaction_timeout_ms: Int = Field(default=2000, gt=0, le=PG_INT_MAX)
+    """How long a node's transaction may sit idle. A node frozen between a fenced write and
+    its COMMIT (SIGSTOP, a VM pause) holds the fence row this long, and its successor's
+    takeover waits for it: keep it below ``zookeeper.session_timeout_ms`` or a frozen
+    leader delays the handover past the session timeout (the drill's ``host-death`` found
+    5 s handovers at a 4 s session timeout with the old default of 5000)."""
     connect_timeout_s: Float = Field(default=5.0, gt=0)
     tcp_user_timeout_ms: Int = Field(default=5000, ge=0, le=PG_INT_MAX)
     """libpq ``tcp_user_timeout``: how long sent data may stay unacknowledged before the
