@@ -12,8 +12,9 @@ Rules:
   pool's runway covers two session timeouts (the longest handover a fault may cause).
   Faults hit a leader at work, not one still taking over; rounds back to back never drain
   a pool that no leader lived long enough to refill.
-- A node *serves* as leader when its ``/status`` says ``role: leader`` and
-  ``may_write: true`` (a leader cut off from ZooKeeper stops writing at once); a paused or
+- A node *serves* as leader when its ``/status`` says ``role: leader``, ``may_write:
+  true`` (a leader cut off from ZooKeeper stops writing at once) and does not say
+  ``database_reachable: false`` (a leader cut off from PostgreSQL cannot cut); a paused or
   unreachable node answers nothing and so serves nothing.
 - Every wait has a deadline; nothing sleeps except between polls.
 """
@@ -221,8 +222,8 @@ def request_step_down(admin_url: str, token: str) -> None:
 
 
 def node_serves(admin_url: str, timeout_s: float = STATUS_TIMEOUT_S) -> bool:
-    """True if the node's own ``/status`` says it leads and may write; False when it says
-    otherwise or does not answer in time."""
+    """True if the node's own ``/status`` says it leads, may write and reaches the
+    database; False when it says otherwise or does not answer in time."""
     if not admin_url.startswith("http://"):
         return False
     try:
@@ -230,7 +231,10 @@ def node_serves(admin_url: str, timeout_s: float = STATUS_TIMEOUT_S) -> bool:
             body = json.loads(response.read(65536))
     except (OSError, ValueError):
         return False
-    return isinstance(body, dict) and body.get("role") == "leader" and body.get("may_write") is True
+    if not isinstance(body, dict):
+        return False
+    leads = body.get("role") == "leader" and body.get("may_write") is True
+    return leads and body.get("database_reachable") is not False
 
 
 class LogCounter:
