@@ -37,7 +37,9 @@ Rules (DESIGN §3):
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import re
 import threading
 import uuid
@@ -59,6 +61,8 @@ from kazoo.security import ACL
 
 from allocator import fence
 from allocator.errors import AllocatorError
+
+log = logging.getLogger(__name__)
 
 NODE_PREFIX = "n-"
 SEQUENCE_DIGITS = 10
@@ -263,6 +267,7 @@ class Election:
         if self._znode is not None and self._owns(self._znode):
             return self._znode
         self._bounded(self._client.ensure_path_async(self._path, **self._acl_arg()))
+        self._remove_leftovers()
         try:
             self._znode = self._create()
         except (ConnectionLoss, ZooKeeperCallTimeoutError):
@@ -440,6 +445,20 @@ class Election:
         if self._znode is None:
             raise ElectionNodeLostError("not in the election (join first)")
         return self._znode
+
+    def _remove_leftovers(self) -> None:
+        """Delete every znode with our tag that our session still owns: one whose delete
+        lost its connection (a step-down while a ZooKeeper server died). Joining again
+        beside it would queue us twice, and the older znode, first in the queue and
+        watched by nobody who could act on it, would stall the election for as long as
+        our session lives (a mixed drill found exactly that)."""
+        prefix = f"{NODE_PREFIX}{self._tag}-"
+        for child in self._bounded(self._client.get_children_async(self._path)):
+            path = f"{self._path}/{child}"
+            if child.startswith(prefix) and self._owns(path):
+                with contextlib.suppress(NoNodeError):
+                    self._bounded(self._client.delete_async(path))
+                log.info("event=election_leftover_removed znode=%s", path)
 
     def _find_own(self) -> str | None:
         for child in self._bounded(self._client.get_children_async(self._path)):

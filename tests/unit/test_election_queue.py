@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kazoo.exceptions import NoAuthError
+from kazoo.exceptions import ConnectionLoss, NoAuthError
 from kazoo.security import make_digest_acl
 
 from allocator import fence
@@ -25,6 +25,7 @@ from allocator.election import (
     sequence_of,
 )
 from tests.fakes import FakeEnsemble, FakeKazooClient
+from tests.fakes.zookeeper import FakeResult
 
 ELECTION = "/election"
 AUTH = "allocator-test:not-a-real-secret"
@@ -206,3 +207,32 @@ def test_waiting_behind_a_long_lived_predecessor_keeps_one_pending_watch(
     assert not first(follower)  # ~20 re-checks of the same predecessor
     assert leader.znode is not None
     assert len(ensemble.pending_watches(leader.znode)) == 1
+
+
+def test_a_leave_that_lost_its_connection_leaves_no_second_znode_after_rejoining(
+    ensemble: FakeEnsemble, clients: list[FakeKazooClient]
+) -> None:
+    """A step-down while a ZooKeeper server died: the delete of our znode failed with
+    ConnectionLoss, the session lived on. Joining again must not queue us twice (the old
+    znode would stand first forever, and we would wait for ourselves)."""
+    client = started(ensemble, clients)
+    election = Election(client, ELECTION, Identity("a", "host", 1, "http://127.0.0.1:1"))
+    first = election.join()
+    real_delete = client.delete_async
+
+    def lost(path: str, version: int = -1) -> FakeResult[bool]:
+        def fail() -> bool:
+            raise ConnectionLoss()
+
+        return FakeResult(fail)
+
+    client.delete_async = lost  # type: ignore[method-assign]
+    with pytest.raises(ConnectionLoss):
+        election.leave()
+    client.delete_async = real_delete  # type: ignore[method-assign]
+    assert ensemble.children(ELECTION) == [first.rsplit("/", 1)[1]]  # still there
+
+    second = election.join()
+    assert second != first
+    assert ensemble.children(ELECTION) == [second.rsplit("/", 1)[1]]
+    assert election.wait_until_first(threading.Event(), recheck_s=0.01)
