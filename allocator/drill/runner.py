@@ -13,7 +13,8 @@ Rules:
   come within the scenario's deadline, or the cluster was not ready again within
   ``READY_TIMEOUT_S + 2 x session timeout``. Failed rounds count in ``failed_rounds`` and
   not in the percentiles; after ``MAX_CONSECUTIVE_FAILURES`` in a row the rest of that
-  scenario is skipped (recorded as failed). Whatever a round injected is healed before it
+  scenario is skipped (recorded as failed), and a soak stops there (its schedule is
+  endless: the failed rounds already fail it). Whatever a round injected is healed before it
   returns, whatever happened.
 - Consumers (the product's recorder, :mod:`allocator.consumers`) claim throughout through
   the consumer URL. ``claim_errors`` counts failed claims other than "pool empty" (SQLSTATE
@@ -195,6 +196,9 @@ class Drill(Waits):
             if until is not None and time.monotonic() >= until:
                 break
             if failures >= MAX_CONSECUTIVE_FAILURES:
+                if until is not None:  # a soak: the cluster is stuck, the run is over
+                    self._progress(f"{label}: stopped after {failures} failed rounds in a row")
+                    break
                 error = f"skipped after {failures} failed rounds in a row"
                 result.rounds.append(RoundResult(number, faults=list(names), error=error))
                 continue
