@@ -66,7 +66,7 @@ from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 
-from allocator import fence, session_file, zkclient
+from allocator import fence, reaper, session_file, zkclient
 from allocator.admin import AdminServer
 from allocator.config import Config
 from allocator.election import (
@@ -266,6 +266,7 @@ class Node:
             if self._state_dir is not None:
                 session_file.prepare(self._state_dir)
                 self._state_dir_ready = True
+                self._reap_predecessor()
             self._db.open(timeout=config.postgres.connect_timeout_s)
             self._admin.start()
             self._jobs.start_scheduler()
@@ -339,6 +340,24 @@ class Node:
         except (KazooException, KazooTimeoutError) as exc:
             log.warning("event=zookeeper_acl_check_failed name=%s error=%r", self.name, exc)
 
+    def _reap_predecessor(self) -> None:
+        """Close the session a dead predecessor of this name left (:mod:`allocator.reaper`),
+        so the election does not wait for ZooKeeper to expire it. Only with a stable name."""
+        assert self._state_dir is not None
+        if not self._config.node.name:
+            log.info(
+                "event=session_reap_skipped name=%s reason=%r",
+                self.name,
+                "node.name is not set: the default <hostname>-<pid> changes at every start, "
+                "so a dead predecessor cannot be recognised (set node.name to reap)",
+            )
+            return
+        reaper.reap(
+            self._state_dir,
+            reaper.self_of(self._config, self._host),
+            timeout_s=self._config.zookeeper.connect_timeout_s,
+        )
+
     def _record_session(self) -> None:
         """Keep the new session's id and password in the session file (module rules)."""
         client_id = self.session_credentials()
@@ -351,6 +370,9 @@ class Node:
             zookeeper_hosts=self._config.zookeeper.hosts,
             session_id=client_id[0],
             session_password=client_id[1],
+            election_path=self._config.zookeeper.election_path,
+            start_time=reaper.own_start_time(self._pid),
+            boot_id=reaper.boot_id(),
         )
         try:
             path = session_file.write(self._state_dir, record)

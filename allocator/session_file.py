@@ -5,10 +5,12 @@ Rules:
 - One file per node, ``<node.state_dir>/session.json``, mode 0600: the session password in
   it lets whoever holds it act as the node's session (close it, or create ephemeral znodes
   in its name), so it never leaves this file: not in ``/status``, a log line or an error.
-- The content is one small JSON object (:class:`SessionRecord`): ``version`` (1),
+- The content is one small JSON object (:class:`SessionRecord`): ``version`` (2),
   ``name``, ``host`` and ``pid`` of the node, ``zookeeper_hosts`` (with the chroot),
-  ``session_id`` (hex, ``0x…``, as ``/status`` shows it), ``session_password`` (hex) and
-  ``written_at`` (Unix seconds). Readers refuse another version.
+  ``session_id`` (hex, ``0x…``, as ``/status`` shows it), ``session_password`` (hex),
+  ``written_at`` (Unix seconds), and what a reaper needs to prove the node dead
+  (:mod:`allocator.reaper`): ``election_path``, the process's ``start_time`` (clock ticks
+  since boot) and the host's ``boot_id``. Readers refuse another version.
 - Written atomically and rewritten for every new session: a temp file created with
   ``O_CREAT | O_EXCL`` and mode 0600 in the same folder, fsynced, then renamed over the
   file; a reader sees the old session or the new one, never half a file.
@@ -18,7 +20,9 @@ Rules:
   written.
 - :func:`remove` runs when the node has closed its session (every exit through the node's
   shutdown). A process that dies without it (SIGKILL, a crash, a power cut) leaves the
-  file behind, naming a session that lives until ZooKeeper expires it.
+  file behind, naming a session that lives until ZooKeeper expires it, unless a reaper
+  (:mod:`allocator.reaper`: the restarted node, its supervisor, ``allocator
+  reap-session``) proves the process dead and closes the session first.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from allocator import files
 from allocator.errors import ConfigError
 
 FILE_NAME = "session.json"
-VERSION = 1
+VERSION = 2
 FILE_MODE = 0o600
 DIR_MODE = 0o700
 
@@ -51,6 +55,12 @@ class SessionRecord:
     session_id: int
     session_password: bytes
     written_at: float = 0.0
+    election_path: str = ""
+    start_time: int | None = None
+    """When process ``pid`` started, in clock ticks since boot (with ``pid``, what tells it
+    from a later process that reused the pid)."""
+    boot_id: str = ""
+    """The host's boot id when the file was written (a reboot ends every process)."""
 
     def __repr__(self) -> str:  # never show the password
         return (
@@ -66,7 +76,7 @@ class SessionRecord:
 
     @classmethod
     def from_json(cls, raw: Any) -> SessionRecord:
-        """Parse a file's object; raises ValueError when it is not version 1's shape."""
+        """Parse a file's object; raises ValueError when it is not this version's shape."""
         if not isinstance(raw, dict) or raw.get("version") != VERSION:
             version = raw.get("version") if isinstance(raw, dict) else None
             raise ValueError(f"not a version {VERSION} session file (version {version!r})")
@@ -79,6 +89,9 @@ class SessionRecord:
                 session_id=int(str(raw["session_id"]), 16),
                 session_password=bytes.fromhex(str(raw["session_password"])),
                 written_at=float(raw["written_at"]),
+                election_path=str(raw["election_path"]),
+                start_time=None if raw["start_time"] is None else int(raw["start_time"]),
+                boot_id=str(raw["boot_id"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed session file: {type(exc).__name__}") from None

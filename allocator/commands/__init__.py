@@ -18,6 +18,7 @@ from allocator.commands import (  # the bench_* modules register on `bench`
     local,
     migrate_cmd,
     pool_cmd,
+    reap,
     run,
     status,
 )
@@ -33,6 +34,7 @@ COMMANDS: list[click.Command] = [
     local.local,
     migrate_cmd.migrate_command,
     pool_cmd.pool_group,
+    reap.reap_session,
     run.run,
     status.status,
     status.step_down,

@@ -20,7 +20,7 @@ Rules:
   and a pause twice it (past the session), quorum loss one and a half.
 - Faults act only through real mechanisms: the cluster manager's signals and server stops,
   a second client closing the leader's ZooKeeper session with the credentials of its
-  session file (what a reaper does), the drill's proxies, libfaketime.
+  session file (:func:`allocator.reaper.close_session`), the drill's proxies, libfaketime.
 """
 
 from __future__ import annotations
@@ -33,11 +33,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Final
 
-from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from allocator import session_file
+from allocator import reaper, session_file
 from allocator.drill.links import Links
 from allocator.drill.observe import DrillError, Leader, request_step_down
 from allocator.local.cluster import LocalCluster
@@ -225,22 +224,13 @@ def _expire(target: Target, leader: Leader, _waits: Waits) -> Fault:
     if record is None or record.pid != leader.pid:
         raise DrillError(f"{leader.name} has no session file of pid {leader.pid}")
     started = time.monotonic()
-    close_session(target.zk_hosts, (record.session_id, record.session_password))
-    return Fault("expire", leader.name, started)
-
-
-def close_session(hosts: str, credentials: tuple[int, bytes]) -> None:
-    """End a ZooKeeper session on the server: attach a second client with its id and
-    password (no chroot: one round trip less to lose to the owner's reconnect), close it."""
-    servers = hosts.split("/", 1)[0]
-    thief = KazooClient(hosts=servers, client_id=credentials)
     try:
-        thief.start(timeout=EXPIRE_CONNECT_TIMEOUT_S)
+        reaper.close_session(
+            target.zk_hosts, (record.session_id, record.session_password), EXPIRE_CONNECT_TIMEOUT_S
+        )
     except (KazooException, KazooTimeoutError) as exc:
         log.info("event=session_close_retry error=%s", exc)  # the owner won the race
-    finally:
-        thief.stop()
-        thief.close()
+    return Fault("expire", leader.name, started)
 
 
 # -- links ------------------------------------------------------------------------------------

@@ -12,6 +12,9 @@ Rules (systemd's ``Restart=always``, for the nodes of one state folder):
 - Each node starts in its own session, stdin from /dev/null, stdout and stderr appended to
   ``nodes/<name>.log``, the state folder as working folder, environment
   :func:`~allocator.local.nodes.base_env` of ours plus the node's spec.
+- Whenever a node exits (asked to or not), the session it may have left is reaped in a
+  thread (:mod:`allocator.reaper`; the child handle proves the process dead, so its
+  successor need not wait for ZooKeeper to expire the session).
 - A node that exits when nobody asked it to (any exit code, any signal) is restarted after
   a backoff: 0.2 s, doubling up to 2 s; a node that ran 10 s or more starts again at 0.2 s.
   ``restarts`` counts these restarts. A node that cannot even be spawned counts as exited
@@ -40,6 +43,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -48,8 +52,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from allocator import logs
-from allocator.config import process_environment
+from allocator import logs, reaper
+from allocator.config import load_config, process_environment
 from allocator.errors import AllocatorError
 from allocator.local import nodes, processes
 
@@ -60,6 +64,7 @@ BACKOFF_MIN_S = 0.2
 BACKOFF_MAX_S = 2.0
 BACKOFF_RESET_UPTIME_S = 10.0
 SPAWN_FAILED_EXIT_CODE = 127
+REAP_TIMEOUT_S = 2.0
 STATE_FILE = "cluster.json"  # the manager's record (allocator.local.cluster.STATE_FILE)
 
 
@@ -273,6 +278,7 @@ class Supervisor:
         uptime_s = now - node.started_mono
         record = node.record
         record.last_exit_code = code
+        pid = node.proc.pid
         record.pid = None
         requested = node.stop_sent
         node.proc = None
@@ -285,11 +291,21 @@ class Supervisor:
             uptime_s,
             requested,
         )
+        self._reap(node, pid)
         if requested or not self._wants_run(node):
             record.state = nodes.STOPPED
             return
         record.state = nodes.RESTARTING
         self._schedule_restart(node, now, uptime_s)
+
+    def _reap(self, node: _Node, pid: int) -> None:
+        """Close the session the exited node left, if any (it died without closing it):
+        our child handle proved it dead. In a thread, so a ZooKeeper outage never stalls
+        the loop; the restarted node would reap it too (closing twice is harmless)."""
+        env = {**self._env, **node.spec.env}
+        threading.Thread(
+            target=_reap_exited, args=(env, pid), name=f"reap-{node.spec.name}", daemon=True
+        ).start()
 
     def _schedule_restart(self, node: _Node, now: float, uptime_s: float) -> None:
         if node.backoff_s <= 0.0 or uptime_s >= BACKOFF_RESET_UPTIME_S:
@@ -346,6 +362,22 @@ class Supervisor:
             log.error("nodes_record_write_failed error=%s", exc)
             return
         self._last_written = data
+
+
+def _reap_exited(env: dict[str, str], pid: int) -> None:
+    """Reap the session node process ``pid`` (configured by ``env``) left behind."""
+    try:
+        config = load_config(env=env)
+    except AllocatorError as exc:
+        log.warning("node_reap_skipped pid=%d error=%s", pid, exc)
+        return
+    state_dir = config.node.state_path()
+    if state_dir is None or not config.node.name:
+        return  # nothing recorded, or a name that cannot be recognised (the node says so)
+    try:
+        reaper.reap(state_dir, reaper.self_of(config), exited_pid=pid, timeout_s=REAP_TIMEOUT_S)
+    except Exception:  # a reaper thread must never take the supervisor down
+        log.exception("node_reap_failed pid=%d", pid)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

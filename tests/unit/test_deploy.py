@@ -38,3 +38,8 @@ def test_systemd_unit_gives_each_node_a_private_state_dir() -> None:
     assert "StateDirectory=allocator/%i" in unit
     assert "StateDirectoryMode=0700" in unit
     assert "Environment=ALLOCATOR_NODE_STATE_DIR=%S/allocator/%i" in unit
+
+
+def test_systemd_unit_reaps_a_crashed_nodes_session_after_every_exit() -> None:
+    unit = (DEPLOY / "systemd" / "allocator@.service").read_text()
+    assert "ExecStopPost=/opt/allocator/bin/allocator reap-session" in unit

@@ -51,7 +51,7 @@ def test_prepare_creates_a_private_folder_and_write_a_private_file(tmp_path: Pat
 def test_the_file_is_a_small_versioned_json_object_that_reads_back(tmp_path: Path) -> None:
     session_file.write(tmp_path, RECORD)
     raw = json.loads(session_file.path_in(tmp_path).read_text())
-    assert raw["version"] == 1
+    assert raw["version"] == 2
     assert raw["session_id"] == "0x1000abcdef"
     assert raw["session_password"] == RECORD.session_password.hex()
     assert raw["written_at"] > 0

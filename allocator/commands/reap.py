@@ -1,0 +1,45 @@
+"""``allocator reap-session``: close the ZooKeeper session a dead node left, at once.
+
+Rules: reads the node's configuration exactly as ``allocator run`` does (``--name``
+overrides ``node.name``), then does only what a starting node does first
+(:func:`allocator.reaper.reap`): read ``<node.state_dir>/session.json`` and close that
+session if, and only if, its process is provably dead on this host. For systemd's
+``ExecStopPost=`` (the unit's main process has exited by then), so a crash hands over at
+once instead of after ``RestartSec`` plus the start-up. Prints one line: what it did and
+why. Exit 0 whatever it decided (nothing to reap, ignored, alive, reaped, or ZooKeeper
+unreachable: the session then expires on its own); 78 for a configuration that cannot
+reap (no ``node.state_dir``, no configured ``node.name``, or invalid).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from allocator import config as config_mod
+from allocator import reaper
+from allocator.commands.run import load
+from allocator.errors import ConfigError
+
+
+@click.command("reap-session")
+@click.option("--name", help="The node's name (node.name) whose session to reap.")
+@config_mod.config_options
+def reap_session(name: str | None, config_path: Path | None, set_pairs: tuple[str, ...]) -> None:
+    """Close the ZooKeeper session of this node's dead predecessor (for ExecStopPost=)."""
+    config = load(name, None, None, None, config_path, set_pairs)
+    state_dir = config.node.state_path()
+    if state_dir is None:
+        raise ConfigError("node.state_dir is not set: there is no session file to read")
+    if not config.node.name:
+        raise ConfigError(
+            "node.name is not set: the default <hostname>-<pid> changes at every start, so "
+            "no dead predecessor can be recognised"
+        )
+    decision = reaper.reap(
+        state_dir,
+        reaper.self_of(config),
+        timeout_s=config.zookeeper.connect_timeout_s,
+    )
+    click.echo(f"{decision.action.value}: {decision.reason}")
