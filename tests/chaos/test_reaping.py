@@ -1,5 +1,6 @@
-"""Chaos: a crashed leader's session is reaped, so the handover does not wait for ZooKeeper
-to expire it; a paused leader is never reaped.
+"""Chaos: a crashed node's session is reaped (by its supervisor, or by the node itself when
+it starts again), so the handover does not wait for ZooKeeper to expire it; a paused
+leader is never reaped.
 
 Rules: the session timeout is 20 s (the local ZooKeeper's maximum), so a handover within
 half of it can only come from reaping: no timing is measured, the bound is the
@@ -10,6 +11,7 @@ behaviour (expiry could not have happened yet). The reaper's own decisions are u
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -78,3 +80,27 @@ def test_a_killed_leader_is_reaped_and_a_paused_one_is_not() -> None:
             chaos.assert_clean(consumers)
         finally:
             consumers.stop()
+
+
+def test_a_node_restarted_by_hand_reaps_its_dead_predecessor_at_start() -> None:
+    """Breaks: SIGKILL of a node that no supervisor watches (systemd without
+    ``ExecStopPost=``, a node started by hand), then the same node started again.
+
+    Must hold: the new process closes its predecessor's session before it joins (its log
+    names the dead pid), and queues behind the leader."""
+    with ChaosCluster(zk=1, nodes=1, session_timeout_ms=SESSION_TIMEOUT_MS) as chaos:
+        chaos.wait_leader()
+        old = chaos.start_extra_node("extra")
+        chaos.wait_role(old.admin_url, "follower", "the extra node to queue")
+        recorded = session_file.read(chaos.node_state_dir("extra"))
+        assert recorded is not None
+        assert recorded.pid == old.pid
+        old.signal(signal.SIGKILL)
+        wait_for(lambda: old.exit_code is not None, "the extra node to die")
+
+        new = chaos.start_extra_node("extra")
+        chaos.wait_role(new.admin_url, "follower", "the restarted node to queue")
+        reaped = log_events(new.log_path, "session_reaped")
+        assert reaped, "the restarted node did not reap its predecessor's session"
+        assert f"pid {old.pid}" in reaped[-1]
+        assert f"{recorded.session_id:#x}" in reaped[-1]
