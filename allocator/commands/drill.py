@@ -183,7 +183,11 @@ def drill(
     if not outcome.ok:
         failed = sum(r.failed_rounds for r in outcome.results)
         violations = [v for r in outcome.results for v in r.violations]
-        grew = "" if outcome.resources_ok else ", resource growth past the bound"
+        grew = (
+            ""
+            if outcome.resources_ok
+            else ", resources grew past the bound or a node was not judged (soak too short?)"
+        )
         raise DrillError(
             f"{failed} failed round(s), {len(violations)} violation(s) "
             f"({verify.counts_text(violations)}){grew}; see {out}"

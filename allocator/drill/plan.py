@@ -15,8 +15,11 @@ Rules:
   run fails with the reason (:class:`~allocator.errors.UsageError`); within ``all`` or
   ``mixed`` it is left out, and the document's ``refused`` says why.
 - ``mixed`` draws its schedule from ``--seed`` (a random seed when none is given, always
-  recorded); a soak (``duration_s``) runs the mixed schedule until the time is up while
-  :mod:`allocator.drill.resources` samples every node, and its bound failing fails the run.
+  recorded); a soak (``duration_s``) runs a mixed schedule of the faults node processes
+  survive (:data:`allocator.drill.schedule.SURVIVABLE`, so the same processes meet every
+  fault and their growth can be judged) until the time is up while
+  :mod:`allocator.drill.resources` samples every node; its bound failing, or no node living
+  long enough to be judged, fails the run.
 - Links a kept cluster's nodes were given end with the drill: once each node restarts it
   connects directly again (:mod:`allocator.drill.shim`).
 """
@@ -337,7 +340,9 @@ def _drive(
     resources_json: dict[str, Any] | None = None
     if sampler is not None:
         resources_json = resources.judge(log)
-        outcome.resources_ok = bool(resources_json.get("ok", True))
+        # A soak that judged nobody (too short, or every node restarted) proves nothing.
+        unjudged = list(resources_json.get("not_judged", []))
+        outcome.resources_ok = bool(resources_json.get("ok", True)) and not unjudged
     run_json = {
         "started_at": started_at.isoformat(),
         "duration_s": round(end_s, 1),
@@ -366,8 +371,11 @@ def _scenarios(
 ) -> list[ScenarioResult]:
     if request.duration_s is not None:
         until = time.monotonic() + request.duration_s
-        plan = schedule.mixed(seed, SOAK_ROUNDS, runnable)
-        progress(f"soak: mixed schedule (seed {seed}) for {request.duration_s:.0f} s")
+        plan = schedule.soak(seed, SOAK_ROUNDS, runnable)
+        progress(
+            f"soak: mixed schedule of the faults nodes survive (seed {seed}) for "
+            f"{request.duration_s:.0f} s"
+        )
         return [drill.run_schedule(plan, seed=seed, until=until)]
     if request.scenario == MIXED:
         plan = schedule.mixed(seed, request.rounds, runnable)

@@ -176,3 +176,10 @@ def test_a_leader_is_at_work_once_it_cut_or_the_pool_covers_a_handover() -> None
     assert "not cut yet" in why
     assert not PoolState(100, None, 6).at_work(7, cover_s=8.0)[0]  # no rate known yet
     assert not PoolState(0, 50.0, 7).at_work(7, cover_s=8.0)[0]  # empty is never at work
+
+
+def test_a_soak_draws_only_faults_the_node_processes_survive() -> None:
+    plan = schedule.soak(5, 300, SCENARIOS)
+    drawn = {name for faults in plan for name in faults}
+    assert drawn == set(schedule.SURVIVABLE)
+    assert any(len(faults) == 2 for faults in plan)  # step-down with a server fault
