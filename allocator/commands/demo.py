@@ -133,7 +133,10 @@ def _story(
     _view(admin, zk, consumer, phase_s)
     victim = cluster.status()
     pid = next(n.pid for n in victim.nodes if n.name == leader)
-    _step(f"SIGKILL the leader {leader} (pid {pid}); its session must time out first")
+    _step(
+        f"SIGKILL the leader {leader} (pid {pid}); the supervisor sees it die and closes "
+        "its ZooKeeper session (allocator/reaper.py), so nobody waits for the timeout"
+    )
     killed_at = time.monotonic()
     cluster.signal_node(leader, "SIGKILL")
     new_leader, new_epoch = _wait_for_leader(admin, epoch)
