@@ -83,14 +83,12 @@ def write_report(directory: Path, document: Mapping[str, Any]) -> ReportFiles:
     files = ReportFiles(
         json=directory / JSON_NAME, markdown=directory / MARKDOWN_NAME, png=directory / PNG_NAME
     )
-    _write_atomic(files.json, (json.dumps(document, indent=2) + "\n").encode())
-    _write_atomic(files.markdown, markdown(document).encode())
-    _write_atomic(files.png, png(document))
+    files_mod.write_atomic(
+        files.json, (json.dumps(document, indent=2) + "\n").encode(), mode=FILE_MODE
+    )
+    files_mod.write_atomic(files.markdown, markdown(document).encode(), mode=FILE_MODE)
+    files_mod.write_atomic(files.png, png(document), mode=FILE_MODE)
     return files
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    files_mod.write_atomic(path, data, mode=FILE_MODE)
 
 
 # -- reading the document (null-tolerant) ----------------------------------------------------

@@ -240,9 +240,6 @@ class Drill(Waits):
         self._reported.update(found)
         return found
 
-    def totals(self) -> ConsumerStats:
-        return self._consumers.totals()
-
     # -- waits (also what a blocking inject uses) ---------------------------------------------
 
     def wait_ready(self) -> Leader:

@@ -183,18 +183,18 @@ def _pause(target: Target, leader: Leader, _waits: Waits) -> Fault:
         "pause",
         leader.name,
         started,
-        heal=lambda: _resume(cluster, leader.name),
+        heal=lambda: _signal_if_running(cluster, leader.name, "SIGCONT"),
         heal_at=started + 2 * target.session_s,
     )
 
 
-def _resume(cluster: LocalCluster, name: str) -> None:
+def _signal_if_running(cluster: LocalCluster, name: str, sig: str) -> None:
+    """Send ``sig`` to node ``name`` unless it has gone (restarted meanwhile: nothing to
+    heal)."""
     try:
-        cluster.signal_node(name, "SIGCONT")
-    except DrillError:
-        raise
+        cluster.signal_node(name, sig)
     except Exception as exc:
-        log.info("event=resume_skipped node=%s error=%s", name, exc)
+        log.info("event=signal_skipped node=%s signal=%s error=%s", name, sig, exc)
 
 
 def _host_death(target: Target, leader: Leader, _waits: Waits) -> Fault:
@@ -207,15 +207,8 @@ def _host_death(target: Target, leader: Leader, _waits: Waits) -> Fault:
         "host-death",
         leader.name,
         started,
-        heal=lambda: _kill_frozen(cluster, leader.name),
+        heal=lambda: _signal_if_running(cluster, leader.name, "SIGKILL"),
     )
-
-
-def _kill_frozen(cluster: LocalCluster, name: str) -> None:
-    try:
-        cluster.signal_node(name, "SIGKILL")
-    except Exception as exc:
-        log.info("event=kill_skipped node=%s error=%s", name, exc)
 
 
 def _expire(target: Target, leader: Leader, _waits: Waits) -> Fault:
