@@ -85,6 +85,9 @@ PG_INT_MAX = 2**31 - 1
 """PostgreSQL's ``integer`` settings (statement_timeout, ...) and ZooKeeper's session
 timeout (an int32 on the wire) hold at most this."""
 MIN_ADMIN_TOKEN_CHARS = 24
+MIN_ADMIN_TOKEN_DISTINCT = 8
+"""A random token of 24 characters has far more distinct ones (base64: ~20, hex: ~13); a
+token with fewer was typed, not generated."""
 
 _HOST_PORT = re.compile(r"(?P<host>\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_.-]+)(?::(?P<port>[0-9]{1,5}))?")
 _ZNODE_PATH = re.compile(r"(/[^/\x00-\x1f\x7f]+)+")
@@ -351,6 +354,12 @@ class NodeConfig(_Section):
             raise ValueError(
                 f"must be at least {MIN_ADMIN_TOKEN_CHARS} random characters "
                 "(e.g. from `openssl rand -base64 32`), or empty to disable step-down over HTTP"
+            )
+        if token and len(set(token)) < MIN_ADMIN_TOKEN_DISTINCT:
+            raise ValueError(
+                f"must be at least {MIN_ADMIN_TOKEN_CHARS} random characters "
+                f"(e.g. from `openssl rand -base64 32`); this one has fewer than "
+                f"{MIN_ADMIN_TOKEN_DISTINCT} distinct characters, so it was not generated"
             )
         return value
 

@@ -146,6 +146,8 @@ BAD: list[tuple[str, str]] = [
     ("node.admin_address", "127.0.0.1:70000"),
     ("node.admin_token", "s3cret"),
     ("node.admin_token", "x" * 23),
+    ("node.admin_token", "x" * 32),  # long enough, but typed, not generated
+    ("node.admin_token", "abcabcabcabcabcabcabcabcabc"),
     ("node.admin_token", "a-long-enough-token but-with-a-space"),
     ("node.admin_token", "a-long-enough-token-but-with-a-newline\n"),
     ("node.admin_token", "a-long-enough-token-that-is-not-ascii-é"),
@@ -440,6 +442,7 @@ def test_masking() -> None:
     ("token", "message"),
     [
         ("tok-XYZ", "must be at least 24 random characters"),
+        ("XYZ" * 10, "must be at least 24 random characters"),
         ("tok-XYZ tok-XYZ tok-XYZ tok-XYZ", "must be printable ASCII without spaces"),
         ("tok-XYZ\ttok-XYZ-tok-XYZ-tok-XYZ", "must be printable ASCII without spaces"),
     ],
