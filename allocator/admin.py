@@ -21,17 +21,17 @@ Rules:
 from __future__ import annotations
 
 import hmac
-import logging
 import socket
 from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from allocator import logs
 from allocator.httpd import BoundedHTTPServer, Handler
 from allocator.metrics import NodeMetrics
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 DEFAULT_MAX_THREADS = 8
 DEFAULT_TIMEOUT_S = 5.0
@@ -127,7 +127,7 @@ class AdminServer:
             return
         # latin-1: the header was decoded so, and every byte maps back
         if not hmac.compare_digest(given.strip().encode("latin-1"), self._token):
-            log.warning("event=admin_token_rejected client=%s", request.client_address)
+            log.warning("admin_token_rejected", client=request.client_address)
             request.reply_error(403, "wrong admin token")
             return
         leading = self._step_down()

@@ -45,7 +45,6 @@ Rules:
 from __future__ import annotations
 
 import json
-import logging
 import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -59,7 +58,7 @@ from psycopg import IsolationLevel
 from psycopg.rows import TupleRow, class_row
 from psycopg_pool import ConnectionPool, PoolClosed
 
-from allocator import sql
+from allocator import logs, sql
 from allocator.config import PostgresConfig
 from allocator.errors import (
     AllocatorError,
@@ -77,7 +76,7 @@ from allocator.errors import (
 from allocator.fence import Token
 from allocator.layout import Layout
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 APPLICATION_NAME_PREFIX = "allocator-node:"
 STATUS_APPLICATION_NAME = "allocator-status"
@@ -387,10 +386,10 @@ class NodeDatabase:
             raise
         self._pool = pool
         log.info(
-            "db_pool_opened name=%s min_size=%d max_size=%d",
-            self._application_name,
-            self._config.pool_min_size,
-            self._config.pool_max_size,
+            "db_pool_opened",
+            name=self._application_name,
+            min_size=self._config.pool_min_size,
+            max_size=self._config.pool_max_size,
         )
 
     def close(self, timeout: float = 5.0) -> None:
@@ -398,7 +397,7 @@ class NodeDatabase:
         pool, self._pool = self._pool, None
         if pool is not None:
             pool.close(timeout=timeout)
-            log.info("db_pool_closed name=%s", self._application_name)
+            log.info("db_pool_closed", name=self._application_name)
 
     def __enter__(self) -> NodeDatabase:
         self.open()

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import re
 import threading
 import uuid
@@ -59,10 +58,10 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
 from kazoo.security import ACL
 
-from allocator import fence
+from allocator import fence, logs
 from allocator.errors import AllocatorError
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 NODE_PREFIX = "n-"
 SEQUENCE_DIGITS = 10
@@ -458,7 +457,7 @@ class Election:
             if child.startswith(prefix) and self._owns(path):
                 with contextlib.suppress(NoNodeError):
                     self._bounded(self._client.delete_async(path))
-                log.info("event=election_leftover_removed znode=%s", path)
+                log.info("election_leftover_removed", znode=path)
 
     def _find_own(self) -> str | None:
         for child in self._bounded(self._client.get_children_async(self._path)):

@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import logging
 import queue
 import re
 import selectors
@@ -43,7 +42,9 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-log = logging.getLogger(__name__)
+from allocator import logs
+
+log = logs.get_logger(__name__)
 
 MAX_REQUEST_LINE_BYTES = 4096
 MAX_HEAD_BYTES = 8192
@@ -158,7 +159,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             self._handle()
         except OSError as exc:  # the client went away or did not take the answer in time
-            log.debug("event=admin_http_dropped error=%s", type(exc).__name__)
+            log.debug("admin_http_dropped", error=type(exc).__name__)
 
     def route(self) -> None:
         self.reply_error(404, "not found")
@@ -181,7 +182,7 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             raise
         except Exception:
-            log.exception("event=admin_http_handler_failed request=%r", self.requestline)
+            log.exception("admin_http_handler_failed", request=self.requestline)
             if not self._answered:
                 self.reply_error(500, "internal error")
 
@@ -245,7 +246,7 @@ class Handler(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: Any) -> None:
         # the request line and status only; headers (Authorization) are never logged
-        log.debug("event=admin_http_request %r", format % args)
+        log.debug("admin_http_request", request=format % args)
 
 
 class BoundedHTTPServer:
@@ -335,7 +336,7 @@ class BoundedHTTPServer:
                         self._read(key.data)
                 self._expire()
         except Exception:  # a bug: leave a trace, and do not leave sockets behind
-            log.exception("event=admin_http_loop_failed")
+            log.exception("admin_http_loop_failed")
         finally:
             for key in list(sel.get_map().values()):
                 if isinstance(key.data, _Conn):
@@ -359,7 +360,7 @@ class BoundedHTTPServer:
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # e.g. out of file descriptors: try again on the next tick
-                log.warning("event=admin_http_accept_failed error=%s", exc)
+                log.warning("admin_http_accept_failed", error=str(exc))
                 return
             sock.setblocking(False)
             open_now = len(self._selector.get_map()) - 2 + self._busy  # - listener, wake
@@ -410,7 +411,7 @@ class BoundedHTTPServer:
         self._busy += 1
 
     def _refuse(self, conn: _Conn, code: int, message: str, *, linger: bool) -> None:
-        log.debug("event=admin_http_refused status=%d reason=%r", code, message)
+        log.debug("admin_http_refused", status=code, reason=message)
         _send_now(conn.sock, answer_bytes(code, message))
         if linger:
             self._linger(conn)
@@ -471,7 +472,7 @@ class BoundedHTTPServer:
                 sock.setblocking(True)
                 self._handler_class(exchange, exchange.peer, self)  # type: ignore[arg-type]
             except Exception:  # the handler answers its own errors; this is a bug
-                log.exception("event=admin_http_handler_failed")
+                log.exception("admin_http_handler_failed")
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_WR)
             if self._stopping.is_set():

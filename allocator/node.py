@@ -54,7 +54,6 @@ on the way out, so only a process that died without its shutdown leaves one behi
 
 from __future__ import annotations
 
-import logging
 import os
 import socket
 import threading
@@ -66,7 +65,7 @@ from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 
-from allocator import fence, reaper, session_file, zkclient
+from allocator import fence, logs, reaper, session_file, zkclient
 from allocator.admin import AdminServer
 from allocator.config import Config
 from allocator.election import (
@@ -90,7 +89,7 @@ from allocator.leadership import SessionGuard, Term
 from allocator.metrics import NodeMetrics
 from allocator.ports import LeaderHooks, LeaderJobsPort, NodeStore, ZooKeeperFactory
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 EXIT_OK = 0
 EXIT_SESSION_LOST = 3
@@ -197,7 +196,7 @@ class Node:
     # -- requests from other threads (signals, admin HTTP) --------------------------------
 
     def request_stop(self, reason: str = "shutdown") -> None:
-        log.info("event=stop_requested reason=%s", reason)
+        log.info("stop_requested", reason=reason)
         self._stop.set()
         self._interrupt.set()
         self._wake.set()
@@ -272,16 +271,17 @@ class Node:
             self._jobs.start_scheduler()
             self._election = self._start_session()
             self._secure_znodes()
-            log.info("event=started name=%s admin_url=%s", self.name, self._admin.url)
+            log.info("started", name=self.name, admin_url=self._admin.url)
             self._metrics.async_replication_allowed.set(
                 int(config.postgres.allow_async_replication)
             )
             if config.postgres.allow_async_replication:
                 log.warning(
-                    "event=async_replication_allowed name=%s: postgres.allow_async_replication "
-                    "is set; this node cuts even when no standby confirms commits, and a "
-                    "failover to such a standby can hand out IDs twice",
-                    self.name,
+                    "async_replication_allowed",
+                    name=self.name,
+                    note="postgres.allow_async_replication is set; this node cuts even when "
+                    "no standby confirms commits, and a failover to such a standby can hand "
+                    "out IDs twice",
                 )
             self._probe_thread = threading.Thread(
                 target=self._probe_loop, name="db-probe", daemon=True
@@ -326,9 +326,7 @@ class Node:
         insecure = zkclient.credentials(self._config) is None
         self._metrics.zookeeper_insecure.set(int(insecure))
         if insecure:
-            log.warning(
-                "event=zookeeper_insecure name=%s: %s", self.name, zkclient.INSECURE_WARNING
-            )
+            log.warning("zookeeper_insecure", name=self.name, note=zkclient.INSECURE_WARNING)
 
     def _secure_znodes(self) -> None:
         """Our ACL on the cluster's persistent znodes that carry another one (an older
@@ -338,7 +336,7 @@ class Node:
         try:
             zkclient.secure(self._zk, self._config, lambda pending: pending.get(timeout=timeout_s))
         except (KazooException, KazooTimeoutError) as exc:
-            log.warning("event=zookeeper_acl_check_failed name=%s error=%r", self.name, exc)
+            log.warning("zookeeper_acl_check_failed", name=self.name, error=repr(exc))
 
     def _reap_predecessor(self) -> None:
         """Close the session a dead predecessor of this name left (:mod:`allocator.reaper`),
@@ -346,10 +344,10 @@ class Node:
         assert self._state_dir is not None
         if not self._config.node.name:
             log.info(
-                "event=session_reap_skipped name=%s reason=%r",
-                self.name,
-                "node.name is not set: the default <hostname>-<pid> changes at every start, "
-                "so a dead predecessor cannot be recognised (set node.name to reap)",
+                "session_reap_skipped",
+                name=self.name,
+                reason="node.name is not set: the default <hostname>-<pid> changes at every "
+                "start, so a dead predecessor cannot be recognised (set node.name to reap)",
             )
             return
         reaper.reap(
@@ -380,16 +378,14 @@ class Node:
             # The node can do its job without it; only a later clean-up of this session
             # from outside cannot. Never leave a file naming an older session.
             log.error(
-                "event=session_file_failed name=%s dir=%s error=%s",
-                self.name,
-                self._state_dir,
-                exc.strerror or exc,
+                "session_file_failed",
+                name=self.name,
+                dir=self._state_dir,
+                error=exc.strerror or str(exc),
             )
             self._forget_session()
             return
-        log.info(
-            "event=session_recorded name=%s session_id=%#x path=%s", self.name, client_id[0], path
-        )
+        log.info("session_recorded", name=self.name, session_id=f"{client_id[0]:#x}", path=path)
 
     def _forget_session(self) -> None:
         if self._state_dir is None or not self._state_dir_ready:
@@ -398,10 +394,10 @@ class Node:
             session_file.remove(self._state_dir)
         except OSError as exc:
             log.warning(
-                "event=session_file_remove_failed name=%s dir=%s error=%s",
-                self.name,
-                self._state_dir,
-                exc.strerror or exc,
+                "session_file_remove_failed",
+                name=self.name,
+                dir=self._state_dir,
+                error=exc.strerror or str(exc),
             )
 
     def _loop(self) -> int:
@@ -411,10 +407,10 @@ class Node:
             if self._guard.check_timer():
                 action = self._config.node.on_session_loss
                 log.error(
-                    "event=session_loss_handled name=%s action=%s reason=%s",
-                    self.name,
-                    action,
-                    self._guard.lost_reason,
+                    "session_loss_handled",
+                    name=self.name,
+                    action=action,
+                    reason=self._guard.lost_reason,
                 )
                 if action == "exit":
                     return EXIT_SESSION_LOST
@@ -435,7 +431,7 @@ class Node:
             except NoAuthError as exc:  # the ACL is another identity's: no retry can help
                 raise zkclient.access_refused(self._config, "join the election") from exc
             except (KazooException, ElectionNodeLostError, ZooKeeperCallTimeoutError) as exc:
-                log.warning("event=zookeeper_error name=%s error=%r", self.name, exc)
+                log.warning("zookeeper_error", name=self.name, error=repr(exc))
                 self._wait_for_session()
                 self._stop.wait(ZOOKEEPER_ERROR_BACKOFF_S)
         return EXIT_OK
@@ -445,17 +441,17 @@ class Node:
         node can join and report what it finds (usually a fence ahead of ZooKeeper)."""
         chroot = chroot_of(self._config.zookeeper.hosts)
         if self._zk_root is None or not chroot:
-            log.warning("event=zookeeper_path_missing name=%s", self.name)
+            log.warning("zookeeper_path_missing", name=self.name)
             self._stop.wait(ZOOKEEPER_ERROR_BACKOFF_S)
             return
         root = self._zk_root()
         try:
             root.start(timeout=self._config.zookeeper.connect_timeout_s)
             if root.exists(chroot) is not None:  # not the chroot: a path below it vanished
-                log.warning("event=zookeeper_path_missing name=%s", self.name)
+                log.warning("zookeeper_path_missing", name=self.name)
                 self._stop.wait(ZOOKEEPER_ERROR_BACKOFF_S)
                 return
-            log.warning("event=zookeeper_chroot_missing name=%s chroot=%s", self.name, chroot)
+            log.warning("zookeeper_chroot_missing", name=self.name, chroot=chroot)
             timeout_s = self._config.zookeeper.connect_timeout_s
             zkclient.ensure_chroot(
                 root,
@@ -463,9 +459,9 @@ class Node:
                 zkclient.acl(self._config),
                 lambda pending: pending.get(timeout=timeout_s),
             )
-            log.info("event=zookeeper_chroot_created name=%s chroot=%s", self.name, chroot)
+            log.info("zookeeper_chroot_created", name=self.name, chroot=chroot)
         except (KazooException, KazooTimeoutError) as exc:
-            log.warning("event=zookeeper_chroot_create_failed name=%s error=%r", self.name, exc)
+            log.warning("zookeeper_chroot_create_failed", name=self.name, error=repr(exc))
             self._stop.wait(ZOOKEEPER_ERROR_BACKOFF_S)
         finally:
             root.stop()
@@ -477,7 +473,7 @@ class Node:
         try:
             generation = election.generation()
         except ValueError as exc:
-            log.error("event=fence_generation_unreadable name=%s error=%s", self.name, exc)
+            log.error("fence_generation_unreadable", name=self.name, error=str(exc))
             return None
         return fence.Token(generation, czxid)
 
@@ -495,17 +491,17 @@ class Node:
             if self._report_fence_ahead(election, token):
                 self._pause(FENCE_AHEAD_BACKOFF_S)  # stay first: leaving would only churn
                 return None
-            log.error("event=fence_stale name=%s token=%s error=%s", self.name, token, exc)
+            log.error("fence_stale", name=self.name, token=str(token), error=str(exc))
             self._leave(election)
             self._pause(STALE_TAKEOVER_BACKOFF_S)
             return None
         except LayoutMismatchError as exc:
             self._metrics.layout_mismatch.set(1)
-            log.critical("event=layout_mismatch name=%s error=%s", self.name, exc)
+            log.critical("layout_mismatch", name=self.name, error=str(exc))
             self._leave(election)
             return EXIT_CONFIG
         except DatabaseUnavailableError as exc:
-            log.error("event=takeover_failed name=%s token=%s error=%s", self.name, token, exc)
+            log.error("takeover_failed", name=self.name, token=str(token), error=str(exc))
             # Make way only for a contender that reaches the database; when nobody does,
             # rotating the queue would be churn for nothing (DESIGN §11).
             if self._fit_contenders(election):
@@ -513,7 +509,7 @@ class Node:
             self._pause(STALE_TAKEOVER_BACKOFF_S)
             return None
         except DatabaseError as exc:
-            log.error("event=takeover_failed name=%s token=%s error=%s", self.name, token, exc)
+            log.error("takeover_failed", name=self.name, token=str(token), error=str(exc))
             self._leave(election)
             self._pause(STALE_TAKEOVER_BACKOFF_S)
             return None
@@ -530,16 +526,15 @@ class Node:
         self._metrics.fence_generation.set(token.generation)
         self._metrics.is_leader.set(1)
         log.info(
-            "event=elected name=%s epoch=%s generation=%s previous_epoch=%s "
-            "previous_generation=%s high_water_id=%s",
-            self.name,
-            token.epoch,
-            token.generation,
-            takeover.previous_epoch,
-            takeover.previous_generation,
-            takeover.high_water_id,
+            "elected",
+            name=self.name,
+            epoch=token.epoch,
+            generation=token.generation,
+            previous_epoch=takeover.previous_epoch,
+            previous_generation=takeover.previous_generation,
+            high_water_id=takeover.high_water_id,
         )
-        log.info("event=fence_taken name=%s token=%s", self.name, token)
+        log.info("fence_taken", name=self.name, token=str(token))
         self._check_clock_at_takeover()
         self._watermark_pending = None
         self._raise_watermark(election, fence.Watermark(token, takeover.high_water_id))
@@ -566,12 +561,12 @@ class Node:
         self._handover_withheld = None
         self._health.term_ended()
         if not self._jobs.stop(JOB_STOP_TIMEOUT_S):
-            log.error("event=job_stop_timeout name=%s token=%s", self.name, token)
+            log.error("job_stop_timeout", name=self.name, token=str(token))
         if reason not in ("fenced", "znode_lost", "db_unreachable"):
             self._flush_watermark(election, token)
         self._role = "stopping" if reason in ("shutdown", "fatal") else "follower"
         self._term = None
-        log.info("event=stepped_down name=%s token=%s reason=%s", self.name, token, reason)
+        log.info("stepped_down", name=self.name, token=str(token), reason=reason)
         if reason == "fatal":
             self._end_term(token, reason)
             self._leave(election)
@@ -620,7 +615,7 @@ class Node:
                 term.pause()
                 continue
             if not term.may_write():
-                log.info("event=resumed name=%s epoch=%s", self.name, term.epoch)
+                log.info("resumed", name=self.name, epoch=term.epoch)
             term.activate()
             self._watermark_catch_up(election, term.token)
 
@@ -630,25 +625,21 @@ class Node:
         reason = self._health.handover_reason(leader.clock_skew_handover_s, leader.db_unreachable_s)
         if reason is None:
             if self._handover_withheld is not None:
-                log.info("event=handover_no_longer_needed name=%s", self.name)
+                log.info("handover_no_longer_needed", name=self.name)
             self._handover_withheld = None
             self._metrics.handover_withheld.set(0)
             return None
         fit = self._fit_contenders(election)
         if fit:
-            log.warning(
-                "event=handing_over name=%s reason=%s to=%s",
-                self.name,
-                reason,
-                fit[0].identity.name,
-            )
+            log.warning("handing_over", name=self.name, reason=reason, to=fit[0].identity.name)
             return reason
         if self._handover_withheld != reason:
             log.error(
-                "event=handover_withheld name=%s reason=%s: no contender advertises a reachable "
-                "database and an agreeing clock; keeping the lead, serving the pool",
-                self.name,
-                reason,
+                "handover_withheld",
+                name=self.name,
+                reason=reason,
+                note="no contender advertises a reachable database and an agreeing clock; "
+                "keeping the lead, serving the pool",
             )
         self._handover_withheld = reason
         self._metrics.handover_withheld.set(1)
@@ -676,7 +667,7 @@ class Node:
             held = self._db.fence().token
             newest = election.newest_zxid()
         except (AllocatorError, KazooException) as exc:
-            log.warning("event=fence_check_failed name=%s error=%s", self.name, exc)
+            log.warning("fence_check_failed", name=self.name, error=str(exc))
             return False
         if not fence.ahead_of_zookeeper(held, token.generation, newest):
             return False
@@ -686,13 +677,13 @@ class Node:
         }
         if self._fence_ahead != state:
             log.critical(
-                "event=fence_ahead_of_zookeeper name=%s fence=%s zookeeper_generation=%s "
-                "newest_zxid=%#x: the ensemble was wiped or restored; nobody can take the "
-                "fence until an operator runs `allocator fence rebase`",
-                self.name,
-                held,
-                token.generation,
-                newest,
+                "fence_ahead_of_zookeeper",
+                name=self.name,
+                fence=str(held),
+                zookeeper_generation=token.generation,
+                newest_zxid=f"{newest:#x}",
+                note="the ensemble was wiped or restored; nobody can take the fence until an "
+                "operator runs `allocator fence rebase`",
             )
         self._fence_ahead = state
         self._metrics.fence_ahead_of_zookeeper.set(1)
@@ -701,7 +692,7 @@ class Node:
 
     def _clear_fence_ahead(self) -> None:
         if self._fence_ahead is not None:
-            log.info("event=fence_ahead_cleared name=%s", self.name)
+            log.info("fence_ahead_cleared", name=self.name)
         self._fence_ahead = None
         self._metrics.fence_ahead_of_zookeeper.set(0)
 
@@ -712,12 +703,12 @@ class Node:
         try:
             copy = election.watermark()
         except ValueError as exc:
-            log.error("event=watermark_unreadable name=%s error=%s: ignored", self.name, exc)
+            log.error("watermark_unreadable", name=self.name, error=str(exc), note="ignored")
             copy = None
         try:
             held = self._db.fence()
         except AllocatorError as exc:
-            log.warning("event=watermark_check_failed name=%s error=%s", self.name, exc)
+            log.warning("watermark_check_failed", name=self.name, error=str(exc))
             return True  # cannot tell: the takeover would fail on this database anyway
         self._watermark = copy
         reason = fence.database_behind(held.token, held.high_water_id, copy)
@@ -756,18 +747,18 @@ class Node:
         }
         if self._database_behind != state:
             log.critical(
-                "event=database_behind_zookeeper name=%s %s: the database was restored or "
-                "failed over to a standby that missed commits; no takeover and no cut until "
-                "an operator resets the pool",
-                self.name,
-                reason,
+                "database_behind_zookeeper",
+                name=self.name,
+                reason=reason,
+                note="the database was restored or failed over to a standby that missed "
+                "commits; no takeover and no cut until an operator resets the pool",
             )
         self._database_behind = state
         self._metrics.database_behind_zookeeper.set(1)
 
     def _clear_database_behind(self) -> None:
         if self._database_behind is not None:
-            log.info("event=database_behind_cleared name=%s", self.name)
+            log.info("database_behind_cleared", name=self.name)
         self._database_behind = None
         self._metrics.database_behind_zookeeper.set(0)
 
@@ -802,7 +793,7 @@ class Node:
             self._watermark = election.raise_watermark(mark)
         except (KazooException, AllocatorError) as exc:
             # Best effort: a watermark that lags only makes the check less sensitive.
-            log.warning("event=watermark_raise_failed name=%s error=%r", self.name, exc)
+            log.warning("watermark_raise_failed", name=self.name, error=repr(exc))
 
     # -- the database probe and what we advertise ------------------------------------------
 
@@ -836,7 +827,7 @@ class Node:
                     election.publish(self._identity())
                     published = advert
                 except (KazooException, ZooKeeperCallTimeoutError) as exc:
-                    log.warning("event=advert_failed name=%s error=%r", self.name, exc)
+                    log.warning("advert_failed", name=self.name, error=repr(exc))
 
     def _scan_election(self) -> None:
         """Report (metrics, one log line per change) election znodes that take no place
@@ -847,7 +838,7 @@ class Node:
         try:
             queue = election.queue()
         except (KazooException, ZooKeeperCallTimeoutError) as exc:
-            log.warning("event=election_scan_failed name=%s error=%r", self.name, exc)
+            log.warning("election_scan_failed", name=self.name, error=repr(exc))
             return
         unparsable = tuple(f"{c.znode} ({c.problem})" for c in queue.unparsable)
         ignored = tuple(f"{i.znode} ({i.reason})" for i in queue.ignored)
@@ -856,27 +847,28 @@ class Node:
         last_unparsable, last_ignored = self._election_findings
         if unparsable and unparsable != last_unparsable:
             log.warning(
-                "event=election_znodes_unparsable name=%s count=%d znodes=%s: their data is "
-                "not what our nodes write; they keep their place in the queue",
-                self.name,
-                len(unparsable),
-                _first(unparsable),
+                "election_znodes_unparsable",
+                name=self.name,
+                count=len(unparsable),
+                znodes=_first(unparsable),
+                note="their data is not what our nodes write; they keep their place in the queue",
             )
         if ignored and ignored != last_ignored:
             log.warning(
-                "event=election_znodes_ignored name=%s count=%d znodes=%s: not contenders",
-                self.name,
-                len(ignored),
-                _first(ignored),
+                "election_znodes_ignored",
+                name=self.name,
+                count=len(ignored),
+                znodes=_first(ignored),
+                note="not contenders",
             )
         self._election_findings = (unparsable, ignored)
 
     def _probe_unanswered(self, waited_s: float) -> None:
         if self._health.advert().db_ok is not False:
             log.warning(
-                "event=database_unreachable name=%s error=no answer to the probe within %.1f s",
-                self.name,
-                waited_s,
+                "database_unreachable",
+                name=self.name,
+                error=f"no answer to the probe within {waited_s:.1f} s",
             )
         self._health.probed(None, None)
         self._metrics.database_reachable.set(0)
@@ -887,20 +879,20 @@ class Node:
             reading = self._db.read_clock(self._now_ms)
         except AllocatorError as exc:
             if self._health.advert().db_ok is not False:
-                log.warning("event=database_unreachable name=%s error=%s", self.name, exc)
+                log.warning("database_unreachable", name=self.name, error=str(exc))
             self._health.probed(None, None)
             self._metrics.database_reachable.set(0)
             return
         agrees = not reading.disagrees(bound)
         if self._health.advert().db_ok is False:
-            log.info("event=database_reachable name=%s", self.name)
+            log.info("database_reachable", name=self.name)
         if not agrees and self._health.advert().clock_ok is not False:
             log.error(
-                "event=clock_disagrees name=%s offset_ms=%.0f bound_ms=%d: this node's clock "
-                "differs from the database server's; it will not cut",
-                self.name,
-                reading.offset_ms,
-                bound,
+                "clock_disagrees",
+                name=self.name,
+                offset_ms=round(reading.offset_ms),
+                bound_ms=bound,
+                note="this node's clock differs from the database server's; it will not cut",
             )
         self._health.probed(reading.offset_ms, agrees)
         self._metrics.database_reachable.set(1)
@@ -915,14 +907,14 @@ class Node:
 
     def _rejoin(self) -> None:
         """A new session from a new client: the old one may be refused by a rebuilt ensemble."""
-        log.info("event=rejoin name=%s", self.name)
+        log.info("rejoin", name=self.name)
         old = self._zk
         old.remove_listener(self._on_session_state)
         try:
             old.stop()
             old.close()
         except KazooException as exc:
-            log.warning("event=zookeeper_close_failed error=%r", exc)
+            log.warning("zookeeper_close_failed", error=repr(exc))
         else:
             self._forget_session()  # until the new session is recorded
         self._guard.reset()
@@ -933,7 +925,7 @@ class Node:
                 self._election = self._start_session()
                 break
             except ZooKeeperUnavailableError as exc:
-                log.warning("event=rejoin_failed name=%s error=%s", self.name, exc)
+                log.warning("rejoin_failed", name=self.name, error=str(exc))
                 self._zk.remove_listener(self._on_session_state)
                 self._zk.stop()
                 self._zk.close()
@@ -945,7 +937,7 @@ class Node:
         try:
             election.leave()
         except (KazooException, ZooKeeperCallTimeoutError) as exc:
-            log.warning("event=leave_failed name=%s error=%r", self.name, exc)
+            log.warning("leave_failed", name=self.name, error=repr(exc))
 
     def _wait_for_session(self) -> None:
         while not self._stop.is_set():
@@ -958,17 +950,17 @@ class Node:
         try:
             self._db.end_term(token, reason)
         except AllocatorError as exc:
-            log.warning("event=end_term_failed token=%s error=%s", token, exc)
+            log.warning("end_term_failed", token=str(token), error=str(exc))
 
     def _on_fenced(self, exc: FencedError) -> None:
-        log.error("event=fenced_write_rejected name=%s error=%s", self.name, exc)
+        log.error("fenced_write_rejected", name=self.name, error=str(exc))
         if self._term is not None:
             self._term.pause()
         self._fenced.set()
         self._wake.set()
 
     def _on_fatal(self, exc: AllocatorError) -> None:
-        log.critical("event=fatal_write_error name=%s error=%s", self.name, exc)
+        log.critical("fatal_write_error", name=self.name, error=str(exc))
         if isinstance(exc, LayoutMismatchError):
             self._metrics.layout_mismatch.set(1)
         if self._term is not None:
@@ -985,9 +977,9 @@ class Node:
             self._interrupt.set()
         self._metrics.session.state(self._session_state())
         if self._stop.is_set() and state == KazooState.LOST:
-            log.info("event=session_closed name=%s", self.name)  # our own zk.stop()
+            log.info("session_closed", name=self.name)  # our own zk.stop()
         else:
-            log.info("event=session_%s name=%s", str(state).lower(), self.name)
+            log.info(f"session_{str(state).lower()}", name=self.name)
         self._wake.set()
 
     def _session_state(self) -> str:
@@ -1009,11 +1001,11 @@ class Node:
             self._zk.stop()
             self._zk.close()
         except KazooException as exc:
-            log.warning("event=zookeeper_close_failed error=%r", exc)
+            log.warning("zookeeper_close_failed", error=repr(exc))
         else:
             self._forget_session()  # closed: the file would name a dead session
         if self._probe_thread is not None:
             self._probe_thread.join(timeout=JOB_STOP_TIMEOUT_S)
         self._db.close()
         self._admin.stop()
-        log.info("event=stopped name=%s", self.name)
+        log.info("stopped", name=self.name)

@@ -45,12 +45,12 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from allocator import session_file
+from allocator import logs, session_file
 from allocator.config import Config
 from allocator.local.processes import start_time
 from allocator.session_file import SessionRecord
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 _KAZOO_LOG = logging.getLogger("allocator.reaper.kazoo")
 _KAZOO_LOG.setLevel(logging.WARNING)  # its connect/close chatter is not news here
@@ -192,23 +192,10 @@ def reap(
 def _report(me: Self, decision: Decision, record: SessionRecord | None) -> None:
     session = f"{record.session_id:#x}" if record is not None else "-"
     if decision.action is Action.REAP:
-        log.info(
-            "event=session_reaped name=%s session_id=%s reason=%r",
-            me.name,
-            session,
-            decision.reason,
-        )
+        log.info("session_reaped", name=me.name, session_id=session, reason=decision.reason)
     elif decision.action is Action.IGNORE:
         log.warning(
-            "event=session_file_ignored name=%s session_id=%s reason=%r",
-            me.name,
-            session,
-            decision.reason,
+            "session_file_ignored", name=me.name, session_id=session, reason=decision.reason
         )
     elif decision.action is Action.ALIVE:
-        log.info(
-            "event=session_not_reaped name=%s session_id=%s reason=%r",
-            me.name,
-            session,
-            decision.reason,
-        )
+        log.info("session_not_reaped", name=me.name, session_id=session, reason=decision.reason)

@@ -39,11 +39,11 @@ from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNo
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, make_digest_acl
 
-from allocator import fence
+from allocator import fence, logs
 from allocator.config import Config
 from allocator.errors import ConfigError
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 INSECURE_WARNING = (
     "zookeeper.insecure is set and zookeeper.auth is empty: this node runs without ZooKeeper "
@@ -213,9 +213,10 @@ def take_over(zk: Any, path: str, wanted: Sequence[ACL], wait: Wait) -> bool:
         except BadVersionError:
             continue
         log.warning(
-            "event=zookeeper_acl_set path=%s: it carried another ACL (made by a version "
-            "without ZooKeeper ACLs?); now only zookeeper.auth's identity has rights",
-            path,
+            "zookeeper_acl_set",
+            path=path,
+            note="it carried another ACL (made by a version without ZooKeeper ACLs?); "
+            "now only zookeeper.auth's identity has rights",
         )
         return True
     return False  # others keep changing it: the next start looks again

@@ -11,7 +11,6 @@ its next ``may_write`` check; writes already past that check roll back through
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -19,6 +18,7 @@ from typing import Any
 from apscheduler.events import EVENT_JOB_ERROR, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
+from allocator import logs
 from allocator.config import Config
 from allocator.db import NodeDatabase
 from allocator.leadership import Term
@@ -28,7 +28,7 @@ from allocator.ports import LeaderHooks
 from jobs import refill, retention, sampling
 from jobs.context import LeaderContext
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 REFILL_JOB = "refill"
 RETENTION_JOB = "retention"
@@ -131,4 +131,4 @@ class LeaderJobs:
         if self._ctx is not None:
             task = event.job_id.split("-", 1)[0]
             self._ctx.metrics.job_errors.labels(task=task).inc()
-        log.error("event=job_failed job=%s error=%r", event.job_id, event.exception)
+        log.error("job_failed", job=event.job_id, error=repr(event.exception))

@@ -34,12 +34,11 @@ Rules:
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
 
-from allocator import cutter
+from allocator import cutter, logs
 from allocator.config import PoolConfig
 from allocator.errors import (
     BehindHighWaterError,
@@ -53,7 +52,7 @@ from allocator.errors import (
 )
 from jobs.context import LeaderContext
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 _NEVER_SET = threading.Event()
 MAX_BATCH_BLOCKS = 2000
@@ -79,15 +78,15 @@ def run(ctx: LeaderContext) -> int:
             ctx.hooks.on_fenced(exc)
         except WriteAbandonedError:
             ctx.metrics.writes_abandoned.inc()
-            log.warning("event=write_abandoned job=refill epoch=%s", ctx.term.epoch)
+            log.warning("write_abandoned", job="refill", epoch=ctx.term.epoch)
         except ClockAheadError as exc:
             ctx.hooks.health.clock_checked(False)
             ctx.metrics.clock_skew.set(1)
-            log.error("event=cut_rejected_clock_ahead epoch=%s error=%s", ctx.term.epoch, exc)
+            log.error("cut_rejected_clock_ahead", epoch=ctx.term.epoch, error=str(exc))
         except LayoutMismatchError as exc:
             ctx.hooks.on_fatal(exc)
         except (DatabaseUnavailableError, BehindHighWaterError) as exc:
-            log.warning("event=refill_failed epoch=%s error=%s", ctx.term.epoch, exc)
+            log.warning("refill_failed", epoch=ctx.term.epoch, error=str(exc))
         return 0
 
 
@@ -132,11 +131,11 @@ def _refill(ctx: LeaderContext) -> int:
             )
         except ClockBehindError as exc:
             ctx.metrics.clock_behind.set(1)
-            log.error("event=clock_behind epoch=%s error=%s", term.epoch, exc)
+            log.error("clock_behind", epoch=term.epoch, error=str(exc))
             break
         except TimeRangeExhaustedError as exc:
             ctx.metrics.time_range_exhausted.set(1)
-            log.critical("event=time_range_exhausted epoch=%s error=%s", term.epoch, exc)
+            log.critical("time_range_exhausted", epoch=term.epoch, error=str(exc))
             break
         ctx.metrics.clock_behind.set(0)
         batch.extend(plan.blocks)
@@ -155,7 +154,7 @@ def _refill(ctx: LeaderContext) -> int:
     if batch and term.may_write():
         cut += _write(ctx, batch)[0]
     if cut:
-        log.info("event=refill epoch=%s blocks=%s high_water_id=%s", term.epoch, cut, mark)
+        log.info("refill", epoch=term.epoch, blocks=cut, high_water_id=mark)
     ctx.metrics.refill_seconds.observe(time.monotonic() - started)
     return cut
 
@@ -170,10 +169,11 @@ def _clock_agrees(ctx: LeaderContext) -> bool:
     ctx.metrics.clock_skew.set(0 if agrees else 1)
     if not agrees:
         log.error(
-            "event=clock_disagrees epoch=%s offset_ms=%.0f bound_ms=%d: not cutting",
-            ctx.term.epoch,
-            reading.offset_ms,
-            bound,
+            "clock_disagrees",
+            epoch=ctx.term.epoch,
+            offset_ms=round(reading.offset_ms),
+            bound_ms=bound,
+            note="not cutting",
         )
     return agrees
 
@@ -188,16 +188,24 @@ def _replication_allows_cutting(ctx: LeaderContext) -> bool:
         return True
     if ctx.config.postgres.allow_async_replication:
         log.warning(
-            "event=async_replication epoch=%s %s: cutting anyway (allowed)",
-            ctx.term.epoch,
-            replication.describe(),
+            "async_replication",
+            epoch=ctx.term.epoch,
+            standbys=replication.standbys,
+            synchronous_standbys=replication.synchronous_standbys,
+            synchronous_standby_names=replication.synchronous_standby_names,
+            synchronous_commit=replication.synchronous_commit,
+            note="cutting anyway (allowed)",
         )
         return True
     log.error(
-        "event=async_replication epoch=%s %s: not cutting; a failover could lose acknowledged "
-        "claims (make a standby synchronous, or set postgres.allow_async_replication)",
-        ctx.term.epoch,
-        replication.describe(),
+        "async_replication",
+        epoch=ctx.term.epoch,
+        standbys=replication.standbys,
+        synchronous_standbys=replication.synchronous_standbys,
+        synchronous_standby_names=replication.synchronous_standby_names,
+        synchronous_commit=replication.synchronous_commit,
+        note="not cutting; a failover could lose acknowledged claims (make a standby "
+        "synchronous, or set postgres.allow_async_replication)",
     )
     return False
 

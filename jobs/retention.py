@@ -9,12 +9,11 @@ Pruning never lowers the high-water mark, so I1/I2 hold for pruned blocks too.
 
 from __future__ import annotations
 
-import logging
-
+from allocator import logs
 from allocator.errors import DatabaseUnavailableError, FencedError, WriteAbandonedError
 from jobs.context import LeaderContext
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 BATCH_BLOCKS = 5000
 MAX_BATCHES_PER_RUN = 20
@@ -44,7 +43,7 @@ def run(ctx: LeaderContext) -> int:
         except WriteAbandonedError:
             ctx.metrics.writes_abandoned.inc()
         except DatabaseUnavailableError as exc:
-            log.warning("event=retention_failed epoch=%s error=%s", ctx.term.epoch, exc)
+            log.warning("retention_failed", epoch=ctx.term.epoch, error=str(exc))
     if deleted:
-        log.info("event=retention epoch=%s deleted=%s", ctx.term.epoch, deleted)
+        log.info("retention", epoch=ctx.term.epoch, deleted=deleted)
     return deleted

@@ -7,12 +7,11 @@ the rate is not counted twice; it never waits on ``busy`` (refill may hold it).
 
 from __future__ import annotations
 
-import logging
-
+from allocator import logs
 from allocator.errors import DatabaseUnavailableError
 from jobs.context import LeaderContext
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 
 def run(ctx: LeaderContext) -> None:
@@ -22,11 +21,11 @@ def run(ctx: LeaderContext) -> None:
         ctx.db.record_pool_sample()
         status = ctx.db.pool_status()
     except DatabaseUnavailableError as exc:
-        log.warning("event=sampling_failed error=%s", exc)
+        log.warning("sampling_failed", error=str(exc))
         return
     ctx.metrics.pool_available_blocks.set(status.available_blocks)
     if status.runway_s is not None:
         ctx.metrics.pool_runway_seconds.set(status.runway_s)
     if status.available_blocks < ctx.config.pool.low_watermark_blocks:
-        log.info("event=pool_low available_blocks=%s", status.available_blocks)
+        log.info("pool_low", available_blocks=status.available_blocks)
         ctx.wake_refill()

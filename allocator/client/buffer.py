@@ -8,7 +8,6 @@ loop. After ``fork()`` every live buffer in the child drops its IDs (the parent 
 
 from __future__ import annotations
 
-import logging
 import math
 import os
 import time
@@ -16,6 +15,7 @@ import weakref
 from collections import deque
 from dataclasses import dataclass
 
+from allocator import logs
 from allocator.client.base import (
     MAX_BATCH_BLOCKS,
     NO_ID,
@@ -31,7 +31,7 @@ from allocator.client.base import (
 )
 from allocator.errors import AllocatorError, DatabaseError, DatabaseUnavailableError
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,11 +206,7 @@ class Buffer:
         if claims and claims != self._grown_after_claims and self._batch_blocks < limit:
             self._batch_blocks = min(limit, self._batch_blocks * 2)
             self._grown_after_claims = claims
-            log.info(
-                "event=client_batch_grown consumer=%s batch_blocks=%d",
-                self._consumer,
-                self._batch_blocks,
-            )
+            log.info("client_batch_grown", consumer=self._consumer, batch_blocks=self._batch_blocks)
 
     def _timed(self, started_ns: int) -> None:
         took_us = (time.perf_counter_ns() - started_ns) // 1000
@@ -354,41 +350,41 @@ os.register_at_fork(after_in_child=forget_buffers_after_fork)
 def log_unused(consumer: str, report: UnusedIds) -> None:
     if report.count or not report.complete:
         log.info(
-            "event=client_closed consumer=%s unused_ids=%d unused_ranges=%s complete=%s",
-            consumer,
-            report.count,
-            ",".join(f"{first}-{last}" for first, last in report.ranges) or "-",
-            report.complete,
+            "client_closed",
+            consumer=consumer,
+            unused_ids=report.count,
+            unused_ranges=",".join(f"{first}-{last}" for first, last in report.ranges) or "-",
+            complete=report.complete,
         )
 
 
 def log_lost(consumer: str, segment: list[Range]) -> None:
     log.warning(
-        "event=client_blocks_lost_after_close consumer=%s ids=%d ranges=%s",
-        consumer,
-        sum(last - first + 1 for first, last in segment),
-        ",".join(f"{first}-{last}" for first, last in merge_ranges(segment)),
+        "client_blocks_lost_after_close",
+        consumer=consumer,
+        ids=sum(last - first + 1 for first, last in segment),
+        ranges=",".join(f"{first}-{last}" for first, last in merge_ranges(segment)),
     )
 
 
 def log_claim_failed(consumer: str, error: AllocatorError, delay_s: float | None) -> None:
     if isinstance(error, PoolEmptyError):
-        log.debug("event=client_pool_empty consumer=%s retry_in_s=%.3f", consumer, delay_s or 0)
+        log.debug("client_pool_empty", consumer=consumer, retry_in_s=round(delay_s or 0, 3))
     elif delay_s is None:
-        log.error("event=client_claim_refused consumer=%s error=%s", consumer, error)
+        log.error("client_claim_refused", consumer=consumer, error=str(error))
     else:
         log.warning(
-            "event=client_claim_failed consumer=%s error=%s retry_in_s=%.3f",
-            consumer,
-            error,
-            delay_s,
+            "client_claim_failed",
+            consumer=consumer,
+            error=str(error),
+            retry_in_s=round(delay_s, 3),
         )
 
 
 def as_allocator_error(exc: Exception) -> AllocatorError:
     if isinstance(exc, AllocatorError):
         return exc
-    log.error("event=client_claimer_bug error=%r", exc, exc_info=exc)
+    log.error("client_claimer_bug", error=repr(exc), exc_info=exc)
     error = DatabaseError(f"claim ID blocks: unexpected {type(exc).__name__}: {exc}")
     error.__cause__ = exc
     return error

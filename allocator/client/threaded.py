@@ -7,7 +7,6 @@ used by one thread at a time (the ownership argument is in the package docstring
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from types import TracebackType
@@ -15,6 +14,7 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
+from allocator import logs
 from allocator.client.base import (
     APPLICATION_NAME,
     DEFAULT_BACKOFF_INITIAL_S,
@@ -44,7 +44,7 @@ from allocator.client.buffer import (
 from allocator.client.claimers import PostgresClaimer
 from allocator.errors import AllocatorError
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 
 class IdClient(Buffer):
@@ -229,7 +229,7 @@ class IdClient(Buffer):
         try:
             begun = claimer.begin(self._consumer, self._batch_blocks)
         except Exception as exc:  # begin() must not raise; if it does, the thread claims
-            log.error("event=client_claimer_bug error=%r", exc, exc_info=exc)
+            log.error("client_claimer_bug", error=repr(exc), exc_info=exc)
             return False
         if begun:
             self._begun = True

@@ -22,7 +22,6 @@ Rules:
 from __future__ import annotations
 
 import json
-import logging
 import time
 import urllib.error
 import urllib.request
@@ -34,18 +33,20 @@ from typing import Any, Final
 import psycopg
 from kazoo.exceptions import KazooException
 
+from allocator import logs
 from allocator.drill import sql
 from allocator.election import Contender
 from allocator.errors import AllocatorError
 from allocator.local import nodes as nodes_mod
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 FENCE_POLL_INTERVAL_S: Final = 0.01
 CONNECT_TIMEOUT_S: Final = 5
 HTTP_TIMEOUT_S: Final = 5.0
 STATUS_TIMEOUT_S: Final = 0.3
-FENCED_WRITE_EVENT: Final = b"event=fenced_write_rejected"
+FENCED_WRITE_EVENTS: Final = (b"event=fenced_write_rejected", b'"event": "fenced_write_rejected"')
+"""The event in a text log line and in a JSON one (:mod:`allocator.logs`)."""
 
 
 class DrillError(AllocatorError):
@@ -196,7 +197,7 @@ def newer_epoch(fence: FenceReader, old: Leader) -> FenceState | None:
     try:
         state = fence.read()
     except psycopg.Error as exc:
-        log.debug("event=fence_read_failed error=%s", exc)
+        log.debug("fence_read_failed", error=str(exc))
         return None
     if state.epoch > old.epoch and state.holder != old.name:
         return state
@@ -238,7 +239,8 @@ def node_serves(admin_url: str, timeout_s: float = STATUS_TIMEOUT_S) -> bool:
 
 
 class LogCounter:
-    """Counts ``event=fenced_write_rejected`` lines appended to the node logs since a mark.
+    """Counts ``fenced_write_rejected`` events appended to the node logs (text or JSON)
+    since a mark.
 
     The nodes' ``/metrics`` counters restart from zero with every restarted node; their
     logs do not."""
@@ -256,7 +258,9 @@ class LogCounter:
             try:
                 with path.open("rb") as handle:
                     handle.seek(self._offsets.get(path, 0))
-                    total += sum(line.count(FENCED_WRITE_EVENT) for line in handle)
+                    total += sum(
+                        any(event in line for event in FENCED_WRITE_EVENTS) for line in handle
+                    )
             except OSError:
                 continue
         return total

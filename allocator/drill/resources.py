@@ -36,7 +36,6 @@ Rules:
 
 from __future__ import annotations
 
-import logging
 import os
 import statistics
 import threading
@@ -46,7 +45,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-logger = logging.getLogger(__name__)
+from allocator import logs
+
+logger = logs.get_logger(__name__)
 
 PROC: Final = Path("/proc")
 WARMUP_S: Final = 120.0
@@ -310,7 +311,7 @@ class Sampler:
         if self._thread.ident is not None:
             self._thread.join(timeout_s)
         if self._thread.is_alive():
-            logger.warning("event=resource_sampler_stuck timeout_s=%s", timeout_s)
+            logger.warning("resource_sampler_stuck", timeout_s=timeout_s)
             return False
         return True
 
@@ -325,7 +326,7 @@ class Sampler:
         try:
             pids = dict(self._pids())
         except Exception as exc:  # a half-written pid file: try again next tick
-            logger.warning("event=resource_pids_failed error=%r", exc)
+            logger.warning("resource_pids_failed", error=repr(exc))
             return 0
         recorded = 0
         for node, pid in pids.items():

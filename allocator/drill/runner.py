@@ -22,8 +22,9 @@ Rules:
 - The verdict after each scenario is the one invariant checker (:mod:`allocator.verify`)
   over every record the consumers have so far and what :mod:`allocator.verify_db` reads;
   a scenario lists only the violations no earlier one reported.
-- ``stale_writes_rejected`` counts ``event=fenced_write_rejected`` lines the nodes logged
-  during the scenario (local clusters: their log files); null when the logs are not ours.
+- ``stale_writes_rejected`` counts the ``fenced_write_rejected`` events (text or JSON
+  lines) the nodes logged during the scenario (local clusters: their log files); null when
+  the logs are not ours.
 - Every wait has a deadline; :meth:`Drill.close` closes everything :meth:`Drill.open`
   opened (connections, the ZooKeeper client, the consumer and timeline threads), also
   after a failed ``open``. Stopping the cluster is the caller's choice.
@@ -42,7 +43,7 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
 from allocator import consumers as consumers_mod
-from allocator import verify_db, zkclient
+from allocator import logs, verify_db, zkclient
 from allocator.config import ZookeeperConfig
 from allocator.consumers import Consumers, ConsumerStats, StuckConsumersError
 from allocator.db import DEFAULT_MAX_CLOCK_AHEAD_MS
@@ -66,7 +67,7 @@ from allocator.errors import AllocatorError, DatabaseError, ZooKeeperUnavailable
 from allocator.layout import Layout
 from allocator.verify import Violation
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 READY_POLL_INTERVAL_S: Final = 0.05
 READY_TIMEOUT_S: Final = 30.0
@@ -151,7 +152,7 @@ class Drill(Waits):
         try:
             self._consumers.stop()
         except StuckConsumersError as exc:
-            log.warning("event=consumers_stuck error=%s", exc)
+            log.warning("consumers_stuck", error=str(exc))
         if self._zk is not None:
             self._zk.stop()
             self._zk.close()
@@ -407,7 +408,7 @@ class Drill(Waits):
             fault.heal()
         except (AllocatorError, OSError) as exc:
             outcome.error = outcome.error or f"{fault.scenario} not healed: {exc}"
-            log.warning("event=heal_failed scenario=%s error=%s", fault.scenario, exc)
+            log.warning("heal_failed", scenario=fault.scenario, error=str(exc))
 
     def _heal_all(self, faults: Sequence[Fault], outcome: RoundResult) -> None:
         for fault in faults:

@@ -25,7 +25,6 @@ Rules:
 
 from __future__ import annotations
 
-import logging
 import random
 import time
 from collections.abc import Callable
@@ -36,12 +35,12 @@ from typing import Final
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from allocator import reaper, session_file
+from allocator import logs, reaper, session_file
 from allocator.drill.links import Links
 from allocator.drill.observe import DrillError, Leader, request_step_down
 from allocator.local.cluster import LocalCluster
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 SIGNALS: Final = "signals"
 SESSIONS: Final = "sessions"
@@ -194,7 +193,7 @@ def _signal_if_running(cluster: LocalCluster, name: str, sig: str) -> None:
     try:
         cluster.signal_node(name, sig)
     except Exception as exc:
-        log.info("event=signal_skipped node=%s signal=%s error=%s", name, sig, exc)
+        log.info("signal_skipped", node=name, signal=sig, error=str(exc))
 
 
 def _host_death(target: Target, leader: Leader, _waits: Waits) -> Fault:
@@ -222,7 +221,7 @@ def _expire(target: Target, leader: Leader, _waits: Waits) -> Fault:
             target.zk_hosts, (record.session_id, record.session_password), EXPIRE_CONNECT_TIMEOUT_S
         )
     except (KazooException, KazooTimeoutError) as exc:
-        log.info("event=session_close_retry error=%s", exc)  # the owner won the race
+        log.info("session_close_retry", error=str(exc))  # the owner won the race
     return Fault("expire", leader.name, started)
 
 

@@ -20,7 +20,6 @@ Rules:
 from __future__ import annotations
 
 import itertools
-import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -29,9 +28,10 @@ from typing import Any, Final
 
 import psycopg
 
+from allocator import logs
 from allocator.drill.observe import FenceReader, node_serves
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 SAMPLE_INTERVAL_S: Final = 0.5
 RATE_WINDOW_S: Final = 5.0
@@ -130,7 +130,7 @@ class Timeline:
             try:
                 self._take()
             except Exception:  # a sample must never end the drill
-                log.exception("event=timeline_sample_failed")
+                log.exception("timeline_sample_failed")
             self._stop.wait(SAMPLE_INTERVAL_S)
 
     def _take(self) -> None:

@@ -63,7 +63,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import logging
 import os
 import secrets
 import shutil
@@ -76,6 +75,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from allocator import logs
 from allocator.config import process_environment
 from allocator.errors import LocalClusterError, ServerStartError, UsageError
 from allocator.local import nodes as nodes_mod
@@ -83,7 +83,7 @@ from allocator.local import ports, postgres, processes, zookeeper
 from allocator.local.ports import LOOPBACK
 from allocator.local.postgres import StopMode
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 STATE_FILE = "cluster.json"
 LOCK_FILE = ".lock"
@@ -614,7 +614,7 @@ class LocalCluster:
             raise LocalClusterError(f"{name} is not running (see `allocator local status`)")
         if not processes.send_signal(record.pid, record.argv, signum, record.started):
             raise LocalClusterError(f"{name} (pid {record.pid}) exited before {signum.name}")
-        log.info("node_signalled name=%s pid=%d signal=%s", name, record.pid, signum.name)
+        log.info("node_signalled", name=name, pid=record.pid, signal=signum.name)
         return record.pid
 
     def stop_zk(self, server_id: int, *, kill: bool = True) -> None:
@@ -697,7 +697,7 @@ class LocalCluster:
             postgres.promote(standby.port, state.superuser)
             standby.role = PRIMARY
             self._save(state)
-            log.info("postgres_failover retired_port=%d primary_port=%d", old.port, standby.port)
+            log.info("postgres_failover", retired_port=old.port, primary_port=standby.port)
             return self._info(state)
 
     def start_postgres(self) -> None:
@@ -863,7 +863,7 @@ class LocalCluster:
         daemon = zookeeper.start(runtime, self.state_dir, record.server, servers, state.tick_ms)
         record.proc = _Proc(daemon.pid, list(daemon.argv))
         self._save(state)
-        log.info("zookeeper_started id=%d pid=%d", record.server.id, daemon.pid)
+        log.info("zookeeper_started", id=record.server.id, pid=daemon.pid)
         return daemon
 
     def _spawn_pg(
@@ -904,7 +904,7 @@ class LocalCluster:
         )
         record.proc = _Proc(daemon.pid, list(daemon.argv))
         self._save(state)
-        log.info("postgres_started pid=%d port=%d role=%s", daemon.pid, record.port, record.role)
+        log.info("postgres_started", pid=daemon.pid, port=record.port, role=record.role)
         return daemon
 
     def _wait_pg(self, state: _State, daemon: processes.Daemon, deadline: float) -> None:
@@ -947,7 +947,7 @@ class LocalCluster:
                 timeout_s=ROLLBACK_STOP_TIMEOUT_S,
             )
         except Exception:
-            log.exception("rollback_failed state=%s", self.state_dir)
+            log.exception("rollback_failed", state=self.state_dir)
         finally:
             for server in state.pg_servers():
                 _forget_if_gone(server.proc)
@@ -981,7 +981,7 @@ class LocalCluster:
         wanted = self._node_specs(state, len(state.nodes) if count is None else count)
         supervising = state.supervisor.alive()
         if supervising and nodes_mod.specs_differ(state.nodes, wanted):
-            log.info("nodes_reconfigured state=%s: restarting the supervisor", self.state_dir)
+            log.info("nodes_reconfigured", state=self.state_dir, note="restarting the supervisor")
             self._stop_supervisor(state)
             supervising = False
         state.nodes = wanted
@@ -1014,7 +1014,7 @@ class LocalCluster:
         )
         state.supervisor = _Proc(daemon.pid, list(daemon.argv))
         self._save(state)
-        log.info("supervisor_started pid=%d nodes=%d", daemon.pid, len(wanted))
+        log.info("supervisor_started", pid=daemon.pid, nodes=len(wanted))
         try:
             self._wait_applied(state, self._start_timeout_s)
         except BaseException:
@@ -1149,7 +1149,7 @@ class LocalCluster:
             try:
                 action()
             except Exception as exc:
-                log.exception("stop_failed what=%s", what)
+                log.exception("stop_failed", what=what)
                 failures.append(f"{what}: {exc}")
                 first = first or exc
 
@@ -1202,7 +1202,7 @@ class LocalCluster:
                 (self.state_dir / name).unlink()
         with contextlib.suppress(OSError):
             self.state_dir.rmdir()  # only if nothing else is in it
-        log.info("cluster_purged state=%s zk_servers=%d", self.state_dir, len(state.zk))
+        log.info("cluster_purged", state=self.state_dir, zk_servers=len(state.zk))
 
     # -- the record -------------------------------------------------------------------------
 

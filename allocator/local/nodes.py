@@ -36,7 +36,6 @@ Rules:
 from __future__ import annotations
 
 import json
-import logging
 import os
 import signal
 import sys
@@ -45,10 +44,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from allocator import logs
 from allocator.local import postgres, processes
 from allocator.local.ports import LOOPBACK
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 NODES_DIR = "nodes"
 RUNTIME_FILE = "nodes.json"
@@ -291,7 +291,7 @@ def read_runtime(state_dir: Path) -> Runtime | None:
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        log.warning("nodes_record_unreadable path=%s error=%s", path, exc)
+        log.warning("nodes_record_unreadable", path=path, error=str(exc))
         return None
 
 
@@ -318,7 +318,7 @@ def stop_recorded(state_dir: Path, timeout_s: float = STOP_TIMEOUT_S) -> list[in
     ]
     if not targets:
         return []
-    log.warning("nodes_orphaned_stopping state=%s pids=%s", state_dir, [t[0] for t in targets])
+    log.warning("nodes_orphaned_stopping", state=state_dir, pids=[t[0] for t in targets])
     return processes.stop_all(targets, sig=signal.SIGTERM, timeout_s=timeout_s)
 
 

@@ -45,7 +45,6 @@ Rules:
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import re
 import shutil
@@ -61,12 +60,13 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
+from allocator import logs
 from allocator.config import process_environment
 from allocator.errors import LocalClusterError, PrerequisiteError, ServerStartError
 from allocator.local import processes
 from allocator.local.ports import LOOPBACK
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 SERVER_OS_USER = "postgres"
 BIN_DIR_ENV = "ALLOCATOR_PG_BIN_DIR"
@@ -171,7 +171,7 @@ def prepare_data_dir(state_dir: Path, user: processes.OsUser, server: str = FIRS
         target = Path(os.readlink(link))
         if target.is_dir():
             return target
-        log.warning("postgres_data_missing link=%s target=%s: initialising anew", link, target)
+        log.warning("postgres_data_missing", link=link, target=target, note="initialising anew")
         link.unlink()
     elif link.exists() or _reachable(base, user):
         return link
@@ -179,11 +179,10 @@ def prepare_data_dir(state_dir: Path, user: processes.OsUser, server: str = FIRS
     _own(target, user)
     link.symlink_to(target, target_is_directory=True)
     log.warning(
-        "postgres_data_relocated state=%s data=%s: OS user %s cannot reach %s",
-        state_dir,
-        target,
-        user.name,
-        base,
+        "postgres_data_relocated",
+        state=state_dir,
+        data=target,
+        note=f"OS user {user.name} cannot reach {base}",
     )
     return target
 
@@ -588,7 +587,12 @@ def ensure_login_roles(
                     )
                 }
                 if group not in names:
-                    log.info("login_role_skipped role=%s: group %s does not exist", login, group)
+                    log.info(
+                        "login_role_skipped",
+                        role=login,
+                        group=group,
+                        note="the group does not exist",
+                    )
                     continue
                 if login not in names:
                     with contextlib.suppress(psycopg.errors.DuplicateObject):  # a racing `up`

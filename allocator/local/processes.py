@@ -44,7 +44,6 @@ Rules:
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
 import pwd
 import select
@@ -58,9 +57,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
+from allocator import logs
 from allocator.errors import LocalClusterError, ServerStartError
 
-log = logging.getLogger(__name__)
+log = logs.get_logger(__name__)
 
 POLL_INTERVAL_S = 0.02
 # How long an empty cmdline of a live user process is re-read before it counts as "not ours":
@@ -129,7 +129,7 @@ def start(
     argv = tuple(argv)
     proc, offset = _popen(argv, log_path=log_path, env=env, cwd=cwd, user=user)
     _children[proc.pid] = proc
-    log.debug("process_started pid=%d argv=%s", proc.pid, shlex.join(argv))
+    log.debug("process_started", pid=proc.pid, argv=shlex.join(argv))
     return Daemon(proc.pid, argv, log_path, offset)
 
 
@@ -142,7 +142,7 @@ def spawn(
 ) -> subprocess.Popen[bytes]:
     """Like :func:`start`, but the caller owns the ``Popen`` and must reap it (``poll``)."""
     proc, _offset = _popen(tuple(argv), log_path=log_path, env=env, cwd=cwd, user=None)
-    log.debug("process_spawned pid=%d argv=%s", proc.pid, shlex.join(argv))
+    log.debug("process_spawned", pid=proc.pid, argv=shlex.join(argv))
     return proc
 
 
@@ -343,9 +343,7 @@ def stop_all(
         deadline = time.monotonic() + timeout_s
         stubborn = [t for t in live if not _wait_exit(t[0], t[1], t[2], deadline)]
         for pid, _argv, pidfd in stubborn:
-            log.warning(
-                "process_kill_escalated pid=%d after=%.1fs signal=%s", pid, timeout_s, sig.name
-            )
+            log.warning("process_kill_escalated", pid=pid, after_s=timeout_s, signal=sig.name)
             _kill_hard(pid, pidfd)
         deadline = time.monotonic() + kill_timeout_s
         for pid, argv, pidfd in stubborn:

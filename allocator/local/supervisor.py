@@ -57,7 +57,7 @@ from allocator.config import load_config, process_environment
 from allocator.errors import AllocatorError
 from allocator.local import nodes, processes
 
-log = logging.getLogger("allocator.local.supervisor")
+log = logs.get_logger("allocator.local.supervisor")
 
 POLL_INTERVAL_S = 0.1
 BACKOFF_MIN_S = 0.2
@@ -110,14 +110,14 @@ class Supervisor:
             try:
                 fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
-                log.error("supervisor_already_running state=%s", self.state_dir)
+                log.error("supervisor_already_running", state=self.state_dir)
                 return 1
             signal.signal(signal.SIGTERM, self._on_stop_signal)
             signal.signal(signal.SIGINT, self._on_stop_signal)
-            log.info("supervisor_started pid=%d state=%s", os.getpid(), self.state_dir)
+            log.info("supervisor_started", pid=os.getpid(), state=self.state_dir)
             stray = nodes.stop_recorded(self.state_dir)
             if stray:
-                log.warning("supervisor_stopped_strays pids=%s", stray)
+                log.warning("supervisor_stopped_strays", pids=stray)
             self._write(force=True)
             try:
                 while True:
@@ -127,12 +127,12 @@ class Supervisor:
                     time.sleep(POLL_INTERVAL_S)
             except Exception:
                 # A bug here must not leave nodes running unsupervised.
-                log.exception("supervisor_failed pid=%d: stopping the nodes", os.getpid())
+                log.exception("supervisor_failed", pid=os.getpid(), note="stopping the nodes")
                 self._stop_now()
                 return 1
             finally:
                 self._write(force=True)
-            log.info("supervisor_stopped pid=%d", os.getpid())
+            log.info("supervisor_stopped", pid=os.getpid())
         return 0
 
     def _stop_now(self) -> None:
@@ -153,7 +153,7 @@ class Supervisor:
 
     def _on_stop_signal(self, signum: int, frame: FrameType | None) -> None:
         if not self._shutting_down:
-            log.info("supervisor_stopping signal=%s", signal.Signals(signum).name)
+            log.info("supervisor_stopping", signal=signal.Signals(signum).name)
         self._shutting_down = True
 
     # -- one pass ---------------------------------------------------------------------------
@@ -181,11 +181,11 @@ class Supervisor:
             generation = int(raw.get("node_generation", 0))
         except FileNotFoundError:
             if not self._shutting_down:
-                log.warning("supervisor_record_gone path=%s: stopping", path)
+                log.warning("supervisor_record_gone", path=path, note="stopping")
             self._shutting_down = True
             return None
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.error("supervisor_record_unreadable path=%s error=%s", path, exc)
+            log.error("supervisor_record_unreadable", path=path, error=str(exc))
             return None
         return _Desired(generation, {s.name: s for s in specs})
 
@@ -252,7 +252,7 @@ class Supervisor:
             )
         except AllocatorError as exc:
             cause = exc.__cause__ or exc
-            log.error("node_spawn_failed name=%s error=%s", node.spec.name, cause)
+            log.error("node_spawn_failed", name=node.spec.name, error=str(cause))
             with contextlib.suppress(OSError), path.open("a") as out:
                 out.write(f"allocator local: could not start {node.spec.argv[0]}: {cause}\n")
             record.last_exit_code = SPAWN_FAILED_EXIT_CODE
@@ -268,9 +268,7 @@ class Supervisor:
         record.started = processes.start_time(proc.pid)
         record.started_at = datetime.now(UTC).isoformat(timespec="milliseconds")
         record.state = nodes.RUNNING
-        log.info(
-            "node_started name=%s pid=%d restarts=%d", node.spec.name, proc.pid, record.restarts
-        )
+        log.info("node_started", name=node.spec.name, pid=proc.pid, restarts=record.restarts)
 
     def _exited(self, node: _Node, now: float) -> None:
         assert node.proc is not None
@@ -285,11 +283,11 @@ class Supervisor:
         node.stop_sent = node.killed = False
         node.kill_at = None
         log.info(
-            "node_exited name=%s code=%s uptime_s=%.1f requested=%s",
-            node.spec.name,
-            code,
-            uptime_s,
-            requested,
+            "node_exited",
+            name=node.spec.name,
+            code=code,
+            uptime_s=round(uptime_s, 1),
+            requested=requested,
         )
         self._reap(node, pid)
         if requested or not self._wants_run(node):
@@ -313,14 +311,14 @@ class Supervisor:
         else:
             node.backoff_s = min(node.backoff_s * 2, BACKOFF_MAX_S)
         node.restart_at = now + node.backoff_s
-        log.info("node_restart_scheduled name=%s in_s=%.1f", node.spec.name, node.backoff_s)
+        log.info("node_restart_scheduled", name=node.spec.name, in_s=node.backoff_s)
 
     def _request_stop(self, node: _Node, now: float) -> None:
         assert node.proc is not None
         sig = signal.SIGTERM
         if not self._shutting_down and not node.removed:
             sig = nodes.signal_by_name(node.spec.stop_signal)
-        log.info("node_stopping name=%s pid=%d signal=%s", node.spec.name, node.proc.pid, sig.name)
+        log.info("node_stopping", name=node.spec.name, pid=node.proc.pid, signal=sig.name)
         node.stop_sent = True
         node.record.state = nodes.STOPPING
         if sig == signal.SIGKILL:
@@ -336,7 +334,7 @@ class Supervisor:
         assert node.proc is not None
         pid = node.proc.pid
         if node.kill_at is not None and not node.killed:
-            log.warning("node_kill_escalated name=%s pid=%d", node.spec.name, pid)
+            log.warning("node_kill_escalated", name=node.spec.name, pid=pid)
         # Not reaped yet, so the pid cannot have been reused.
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(pid, signal.SIGKILL)
@@ -359,7 +357,7 @@ class Supervisor:
         try:
             nodes.write_runtime(self.state_dir, runtime)
         except OSError as exc:
-            log.error("nodes_record_write_failed error=%s", exc)
+            log.error("nodes_record_write_failed", error=str(exc))
             return
         self._last_written = data
 
@@ -369,7 +367,7 @@ def _reap_exited(env: dict[str, str], pid: int) -> None:
     try:
         config = load_config(env=env)
     except AllocatorError as exc:
-        log.warning("node_reap_skipped pid=%d error=%s", pid, exc)
+        log.warning("node_reap_skipped", pid=pid, error=str(exc))
         return
     state_dir = config.node.state_path()
     if state_dir is None or not config.node.name:
@@ -377,7 +375,7 @@ def _reap_exited(env: dict[str, str], pid: int) -> None:
     try:
         reaper.reap(state_dir, reaper.self_of(config), exited_pid=pid, timeout_s=REAP_TIMEOUT_S)
     except Exception:  # a reaper thread must never take the supervisor down
-        log.exception("node_reap_failed pid=%d", pid)
+        log.exception("node_reap_failed", pid=pid)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -532,9 +532,18 @@ def metric(admin_url: str, name: str, timeout_s: float = 2.0) -> float | None:
 
 
 def log_events(path: Path, event: str) -> list[str]:
-    """The lines of a node log carrying ``event=<event>``."""
+    """The lines of a node log carrying ``event=<event>`` (text) or that event (JSON)."""
     try:
         lines = path.read_text(errors="replace").splitlines()
     except FileNotFoundError:
         return []
-    return [line for line in lines if f"event={event} " in f"{line} "]
+    return [line for line in lines if f"event={event} " in f"{line} " or _json_event(line) == event]
+
+
+def _json_event(line: str) -> object:
+    if not line.startswith("{"):
+        return None
+    try:
+        return json.loads(line).get("event")
+    except ValueError:
+        return None

@@ -27,7 +27,6 @@ Every one of these needs the superuser URL (``ALLOCATOR_POSTGRES_URL``) for its 
 from __future__ import annotations
 
 import argparse
-import logging
 import threading
 from collections.abc import Callable, Sequence
 
@@ -40,7 +39,7 @@ from allocator.leadership import Term
 from jobs import refill
 from jobs.leader import LeaderJobs
 
-log = logging.getLogger("tests.chaos.unsafe_node")
+log = logs.get_logger("tests.chaos.unsafe_node")
 
 _POSITIONS = (
     "SELECT h.last_ticket, (SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END"
@@ -70,7 +69,7 @@ class UnsafeLeaderJobs(LeaderJobs):
     def stop(self, timeout_s: float) -> bool:
         ctx = self._ctx
         if ctx is not None:
-            log.warning("event=unsafe_last_refill epoch=%s (TEST NODE)", ctx.term.epoch)
+            log.warning("unsafe_last_refill", epoch=ctx.term.epoch, note="TEST NODE")
             refill.run(ctx)
         return super().stop(timeout_s)
 
@@ -82,9 +81,7 @@ class LingeringLeaderJobs(LeaderJobs):
 
     def stop(self, timeout_s: float) -> bool:
         job_ids, self._job_ids, self._ctx = self._job_ids, (), None
-        log.warning(
-            "event=unsafe_jobs_linger seconds=%s jobs=%s (TEST NODE)", self.linger_s, job_ids
-        )
+        log.warning("unsafe_jobs_linger", seconds=self.linger_s, jobs=job_ids, note="TEST NODE")
         timer = threading.Timer(self.linger_s, self._remove, args=(job_ids,))
         timer.daemon = True
         timer.start()
@@ -115,10 +112,11 @@ class UnsafeNodeDatabase(NodeDatabase):
     ) -> CutResult:
         what = "cut blocks (UNSAFE: unfenced test node)"
         log.warning(
-            "event=unsafe_unfenced_write token=%s blocks=%d first_id=%s (TEST NODE)",
-            token,
-            len(ranges),
-            ranges[0][0] if ranges else None,
+            "unsafe_unfenced_write",
+            token=str(token),
+            blocks=len(ranges),
+            first_id=ranges[0][0] if ranges else None,
+            note="TEST NODE",
         )
         with self._connection(what) as conn, conn.transaction():
             row = conn.execute(_POSITIONS).fetchone()
@@ -165,7 +163,7 @@ def main() -> None:
     args = parser.parse_args()
     config = load(None, None, None, None, None, ())
     logs.configure(config.node.log_format)
-    log.warning("event=test_node_started: UNSAFE, unfenced; tests/chaos only")
+    log.warning("test_node_started", note="UNSAFE, unfenced; tests/chaos only")
     store = UnsafeNodeDatabase(
         config.postgres,
         node_name=config.node.resolved_name(),

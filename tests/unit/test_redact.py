@@ -106,23 +106,29 @@ def test_an_invalid_config_registers_its_secrets_too() -> None:
 def test_log_lines_are_masked(log_format: str) -> None:
     redact.register(SECRET)
     stream = io.StringIO()
-    logger = logging.getLogger("tests.redact")
+    stdlib = logging.getLogger("tests.redact")  # a library's records: stdlib, %-style
     handler = logs.handler(log_format, stream)
-    logger.addHandler(handler)
+    stdlib.addHandler(handler)
+    log = logs.get_logger("tests.redact")
     try:
-        logger.error(
-            "event=failed url=%s password=%s token=%s", "postgresql://u:pw@h/db", "x", SECRET
-        )
+        log.error("failed", url="postgresql://u:pw@h/db", note="password=x", token=SECRET)
+        stdlib.error("library says url=%s password=%s", "postgresql://u:pw@h/db", "x")
         try:
             raise ValueError(f"boom postgresql://u:TbPass@h/db {SECRET}")
         except ValueError:
-            logger.exception("event=crashed")
+            log.exception("crashed")
     finally:
-        logger.removeHandler(handler)
+        stdlib.removeHandler(handler)
     text = stream.getvalue()
     for secret in (":pw@", "password=x", SECRET, "TbPass"):
         assert secret not in text, (secret, text)
     if log_format == "json":
-        first = json.loads(text.splitlines()[0])
+        first, library, crashed = (json.loads(line) for line in text.splitlines() if line[0] == "{")
         assert first["url"] == "postgresql://u:***@h/db"
-        assert first["password"] == redact.MASK
+        assert first["note"] == f"password={redact.MASK}"
+        assert first["token"] == redact.MASK
+        assert (
+            library["event"] == f"library says url=postgresql://u:***@h/db password={redact.MASK}"
+        )
+        assert crashed["event"] == "crashed"
+        assert "ValueError: boom postgresql://u:***@h/db ***" in crashed["exception"]
