@@ -30,7 +30,8 @@ Rules:
   block writes and takeovers also the node's layout (checked against the recorded one) and
   ``max_clock_ahead_ms`` (the database refuses blocks past its own clock plus that, or plus
   the lead the mark already had: see migration 0003).
-- Errors are translated here, keeping ``__cause__``: SQLSTATE AL100 → :class:`FencedError`,
+- Errors are translated here (:func:`allocator.db_errors.translate`, which the ID client
+  shares), keeping ``__cause__``: SQLSTATE AL100 → :class:`FencedError`,
   AL101 → :class:`StaleTakeoverError`, AL102 → :class:`BehindHighWaterError`, AL103 →
   :class:`InvalidBatchError` (a bug), AL104 → :class:`LayoutMismatchError`, AL105 →
   :class:`ClockAheadError`, AL106 → :class:`InvalidRequestError`; connection failures, pool
@@ -56,21 +57,14 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg import IsolationLevel
 from psycopg.rows import TupleRow, class_row
-from psycopg_pool import ConnectionPool, PoolClosed
+from psycopg_pool import ConnectionPool
 
 from allocator import logs, sql
 from allocator.config import PostgresConfig
+from allocator.db_errors import translate as translate  # also db.translate, for callers
 from allocator.errors import (
-    AllocatorError,
-    BehindHighWaterError,
-    ClockAheadError,
     DatabaseError,
-    DatabaseUnavailableError,
-    FencedError,
     InvalidBatchError,
-    InvalidRequestError,
-    LayoutMismatchError,
-    StaleTakeoverError,
     WriteAbandonedError,
 )
 from allocator.fence import Token
@@ -89,30 +83,6 @@ MAX_BIGINT = (1 << 63) - 1
 DEFAULT_MAX_CLOCK_AHEAD_MS = 1000
 
 _T = TypeVar("_T")
-
-_BY_SQLSTATE: Mapping[str, type[AllocatorError]] = {
-    FencedError.sqlstate: FencedError,
-    StaleTakeoverError.sqlstate: StaleTakeoverError,
-    BehindHighWaterError.sqlstate: BehindHighWaterError,
-    InvalidBatchError.sqlstate: InvalidBatchError,
-    LayoutMismatchError.sqlstate: LayoutMismatchError,
-    ClockAheadError.sqlstate: ClockAheadError,
-    InvalidRequestError.sqlstate: InvalidRequestError,
-}
-# Retryable server answers, and what they mean for whoever reads the log line.
-_UNAVAILABLE: Mapping[str, str] = {
-    "55P03": "timed out waiting for a lock (lock_timeout)",
-    "57014": "statement cancelled (statement_timeout)",
-    "25P03": "session ended: idle in transaction too long",
-    "40001": "transaction rolled back by a serialization conflict",
-    "40P01": "transaction rolled back by a deadlock",
-    "57P01": "the server is shutting down",
-    "57P02": "the server crashed",
-    "57P03": "the server is not accepting connections yet",
-    "53300": "the server has too many connections",
-}
-# The schema is missing or older than this code.
-_SCHEMA_MISSING = frozenset({"3F000", "42P01", "42883"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,26 +240,6 @@ class SessionSettings:
     idle_in_transaction_session_timeout: str
     lock_timeout: str
     application_name: str
-
-
-def translate(exc: psycopg.Error, what: str) -> AllocatorError:
-    """The project's error for a driver error raised while doing ``what`` (callers chain it)."""
-    state = exc.sqlstate or ""
-    if state in _BY_SQLSTATE:
-        primary = exc.diag.message_primary or str(exc).strip().partition("\n")[0]
-        return _BY_SQLSTATE[state](f"{what}: {primary}")
-    if isinstance(exc, PoolClosed):
-        return DatabaseError(f"{what}: the node's database pool is closed")
-    if state in _UNAVAILABLE:
-        return DatabaseUnavailableError(f"{what}: {_UNAVAILABLE[state]}")
-    if (not state and isinstance(exc, psycopg.OperationalError)) or state.startswith("08"):
-        return DatabaseUnavailableError(f"{what}: PostgreSQL is unreachable")
-    if state in _SCHEMA_MISSING:
-        return DatabaseError(
-            f"{what}: the allocator schema is missing or older than this code "
-            "(run `allocator migrate`)"
-        )
-    return DatabaseError(f"{what} failed")
 
 
 @contextmanager

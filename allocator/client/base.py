@@ -16,7 +16,7 @@ from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
 import psycopg
 from psycopg_pool import PoolClosed
 
-from allocator import db
+from allocator import db_errors
 from allocator.errors import AllocatorError, DatabaseError, UsageError
 
 Range = tuple[int, int]
@@ -172,7 +172,7 @@ def translate_claim_error(exc: psycopg.Error) -> AllocatorError:
         return ClaimArgumentError(f"claim ID blocks: {primary}", sqlstate=state)
     if isinstance(exc, PoolClosed):
         return DatabaseError("claim ID blocks: the connection pool is closed")
-    return db.translate(exc, "claim ID blocks")
+    return db_errors.translate(exc, "claim ID blocks")
 
 
 def backoff_delay(

@@ -1,0 +1,37 @@
+"""The ``allocator`` console script's entry point: :func:`allocator.cli.main`, or one line
+saying how to install the node's dependencies when they are missing.
+
+Rules:
+
+- ``pip install allocator`` is the client-only install (:mod:`allocator.client` and what it
+  needs: psycopg and psycopg-pool); the CLI, the node and everything else need the ``node``
+  extra (``pip install 'allocator[node]'``). The console script is installed either way, so
+  here a missing third-party module ends in one line on stderr and exit 69 (EX_UNAVAILABLE,
+  a missing prerequisite, as for the node) instead of a traceback.
+- Only a missing module outside ``allocator`` is explained; a missing ``allocator`` module
+  (a broken install) and every other import error propagate unchanged.
+- Imports nothing at module level beyond the standard library.
+"""
+
+from __future__ import annotations
+
+import sys
+
+NODE_EXTRA = "allocator[node]"
+EXIT_MISSING_PREREQUISITE = 69
+
+
+def main() -> None:
+    """Run the CLI, or explain that the node's dependencies are not installed."""
+    try:
+        from allocator.cli import main as cli_main
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if not missing or missing.partition(".")[0] == "allocator":
+            raise
+        sys.stderr.write(
+            f"error: the allocator command needs the node's dependencies ({missing!r} is not "
+            f"installed; this looks like a client-only install): pip install '{NODE_EXTRA}'\n"
+        )
+        sys.exit(EXIT_MISSING_PREREQUISITE)
+    cli_main()

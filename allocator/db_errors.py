@@ -1,0 +1,82 @@
+"""PostgreSQL driver errors translated into the project's own (:mod:`allocator.errors`).
+
+Rules:
+
+- One function, :func:`translate`, shared by the node's database layer (:mod:`allocator.db`),
+  the operator commands and the ID client (:mod:`allocator.client`); callers chain the
+  driver's exception (``raise translate(exc, what) from exc``).
+- SQLSTATE AL100 → :class:`FencedError`, AL101 → :class:`StaleTakeoverError`, AL102 →
+  :class:`BehindHighWaterError`, AL103 → :class:`InvalidBatchError` (a bug), AL104 →
+  :class:`LayoutMismatchError`, AL105 → :class:`ClockAheadError`, AL106 →
+  :class:`InvalidRequestError`; connection failures, lock and statement timeouts, server
+  shutdowns, deadlocks and serialization failures → :class:`DatabaseUnavailableError`
+  (retryable; after a write the outcome is unknown); a missing or older schema →
+  :class:`DatabaseError` naming ``allocator migrate``; anything else → :class:`DatabaseError`.
+- Imports only psycopg, psycopg_pool and :mod:`allocator.errors`: the client-only install
+  (``pip install allocator``, without the ``node`` extra) imports this module, so it must
+  never pull in the node's dependencies (configuration, ZooKeeper, Alembic, ...).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import psycopg
+from psycopg_pool import PoolClosed
+
+from allocator.errors import (
+    AllocatorError,
+    BehindHighWaterError,
+    ClockAheadError,
+    DatabaseError,
+    DatabaseUnavailableError,
+    FencedError,
+    InvalidBatchError,
+    InvalidRequestError,
+    LayoutMismatchError,
+    StaleTakeoverError,
+)
+
+_BY_SQLSTATE: Mapping[str, type[AllocatorError]] = {
+    FencedError.sqlstate: FencedError,
+    StaleTakeoverError.sqlstate: StaleTakeoverError,
+    BehindHighWaterError.sqlstate: BehindHighWaterError,
+    InvalidBatchError.sqlstate: InvalidBatchError,
+    LayoutMismatchError.sqlstate: LayoutMismatchError,
+    ClockAheadError.sqlstate: ClockAheadError,
+    InvalidRequestError.sqlstate: InvalidRequestError,
+}
+# Retryable server answers, and what they mean for whoever reads the log line.
+_UNAVAILABLE: Mapping[str, str] = {
+    "55P03": "timed out waiting for a lock (lock_timeout)",
+    "57014": "statement cancelled (statement_timeout)",
+    "25P03": "session ended: idle in transaction too long",
+    "40001": "transaction rolled back by a serialization conflict",
+    "40P01": "transaction rolled back by a deadlock",
+    "57P01": "the server is shutting down",
+    "57P02": "the server crashed",
+    "57P03": "the server is not accepting connections yet",
+    "53300": "the server has too many connections",
+}
+# The schema is missing or older than this code.
+_SCHEMA_MISSING = frozenset({"3F000", "42P01", "42883"})
+
+
+def translate(exc: psycopg.Error, what: str) -> AllocatorError:
+    """The project's error for a driver error raised while doing ``what`` (callers chain it)."""
+    state = exc.sqlstate or ""
+    if state in _BY_SQLSTATE:
+        primary = exc.diag.message_primary or str(exc).strip().partition("\n")[0]
+        return _BY_SQLSTATE[state](f"{what}: {primary}")
+    if isinstance(exc, PoolClosed):
+        return DatabaseError(f"{what}: the node's database pool is closed")
+    if state in _UNAVAILABLE:
+        return DatabaseUnavailableError(f"{what}: {_UNAVAILABLE[state]}")
+    if (not state and isinstance(exc, psycopg.OperationalError)) or state.startswith("08"):
+        return DatabaseUnavailableError(f"{what}: PostgreSQL is unreachable")
+    if state in _SCHEMA_MISSING:
+        return DatabaseError(
+            f"{what}: the allocator schema is missing or older than this code "
+            "(run `allocator migrate`)"
+        )
+    return DatabaseError(f"{what} failed")
