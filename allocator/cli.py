@@ -6,7 +6,10 @@ registered here. Errors derived from :class:`allocator.errors.AllocatorError` pr
 expected failures; an error line never holds a line break or a control character (they are
 escaped: :func:`one_line`). Every line the CLI prints about an error (click's usage errors, an
 unexpected exception's traceback too) and every log line has its secrets masked
-(:mod:`allocator.redact`).
+(:mod:`allocator.redact`). kazoo's own log is quiet below ERROR in every command but
+``run`` (a node logs its reconnects): its retry chatter, a WARNING per refused connection,
+never comes before a command's one error line, which says the same. Every command's
+``--help`` ends with its exit codes (:func:`allocator.commands.options.exit_codes`).
 
 Every option that matters in production can also be set through an ``ALLOCATOR_*``
 environment variable (``auto_envvar_prefix``: ``ALLOCATOR_<COMMAND>_<OPTION>``), shown in
@@ -35,6 +38,7 @@ from typing import Any
 import click
 
 from allocator import __version__, errors, logs, redact
+from allocator.commands.options import GROUP_CODES, exit_codes
 
 
 def one_line(text: str) -> str:
@@ -80,9 +84,14 @@ class _Group(click.Group):
             sys.exit(1)
 
 
-@click.group(cls=_Group, context_settings={"auto_envvar_prefix": "ALLOCATOR", "show_default": True})
+@click.group(
+    cls=_Group,
+    context_settings={"auto_envvar_prefix": "ALLOCATOR", "show_default": True},
+    epilog=exit_codes(*GROUP_CODES),
+)
 @click.version_option(__version__, prog_name="allocator")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """Leader-elected allocator of Snowflake ID blocks."""
     # An argument that was not UTF-8 (a path) reaches us surrogate-escaped: print it back as
     # the bytes it came from instead of failing on it.
@@ -92,6 +101,16 @@ def main() -> None:
     if not root.handlers:
         root.addHandler(logs.handler())
         root.setLevel(logging.WARNING)
+    if ctx.invoked_subcommand != "run":
+        _quiet_kazoo(ctx)
+
+
+def _quiet_kazoo(ctx: click.Context) -> None:
+    """kazoo below ERROR silenced until the command ends (module rules)."""
+    kazoo = logging.getLogger("kazoo")
+    level = kazoo.level
+    kazoo.setLevel(logging.ERROR)
+    ctx.call_on_close(lambda: kazoo.setLevel(level))
 
 
 def _register() -> None:

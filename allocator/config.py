@@ -27,7 +27,12 @@ Rules:
   ``zookeeper.auth``, ``node.admin_token``) are ``SecretStr``, never echoed in errors, and
   masked by :meth:`Config.masked_dict`. Loading registers their values with
   :func:`allocator.redact.register` as soon as it reads them, so no log line or error
-  message of the process prints them.
+  message of the process prints them. Each can also come from a file named by its variable
+  plus ``_FILE`` (:func:`secret_file_env`: ``ALLOCATOR_NODE_ADMIN_TOKEN_FILE``,
+  ``ALLOCATOR_ZOOKEEPER_AUTH_FILE``, ``ALLOCATOR_POSTGRES_URL_FILE``; systemd credentials,
+  Kubernetes and compose secrets, ``allocator local env``): the file's text, stripped, on
+  one line, in the environment's place in the order; both the variable and its ``_FILE``
+  is a :class:`~allocator.errors.ConfigError`, like a file that cannot be read.
 - Loading reads the file and the clock (the layout epoch must not be in the future), nothing
   else: ``node.name`` left empty becomes ``<hostname>-<pid>`` only when
   :meth:`NodeConfig.resolved_name` is called.
@@ -600,6 +605,46 @@ def env_name(key: str) -> str:
     return ENV_PREFIX + key.replace(".", "_").upper()
 
 
+def secret_file_env(key: str) -> str:
+    """The variable naming a file that holds secret ``key``: ``node.admin_token`` is
+    ``ALLOCATOR_NODE_ADMIN_TOKEN_FILE``."""
+    return env_name(key) + "_FILE"
+
+
+def _secret_files(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``env`` without the secrets' ``*_FILE`` variables, and what their files hold by
+    dotted key (module rules). An empty ``*_FILE`` variable counts as unset."""
+    file_keys = {secret_file_env(key): key for key in SECRET_KEYS}
+    given = {name.upper() for name, value in env.items() if value}
+    rest: dict[str, str] = {}
+    secrets: dict[str, str] = {}
+    for name, value in env.items():
+        key = file_keys.get(name.upper())
+        if key is None:
+            rest[name] = value
+        elif value:
+            if env_name(key) in given:
+                raise ConfigError(f"set {env_name(key)} or {secret_file_env(key)}, not both")
+            secrets[key] = _read_secret_file(secret_file_env(key), value)
+    return rest, secrets
+
+
+def _read_secret_file(name: str, path: str) -> str:
+    shown = f"{name}={path if path.isprintable() else repr(path)}"  # one line, always
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{shown}: the file is not UTF-8 text") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "bad path"
+        raise ConfigError(f"{shown}: cannot read the file ({reason})") from None
+    if not text:
+        raise ConfigError(f"{shown}: the file is empty")
+    if "\n" in text or "\r" in text:
+        raise ConfigError(f"{shown}: the file must hold the secret on one line")
+    return text
+
+
 def _read_file(path: Path) -> dict[str, Any]:
     shown = str(path) if str(path).isprintable() else repr(str(path))  # one line, always
     try:
@@ -686,7 +731,7 @@ def load_config(
     ``overrides`` maps dotted keys (``"zookeeper.hosts"``) to values, text or typed.
     ``env`` defaults to ``os.environ``; ``now_ms`` (for the epoch check) to the clock.
     Raises :class:`InvalidConfigError` listing every problem, or :class:`ConfigError` when
-    the file cannot be read.
+    the file (or a secret's ``*_FILE``) cannot be read.
     """
     env = os.environ if env is None else env
     if path is None and env.get(CONFIG_PATH_ENV):
@@ -694,10 +739,12 @@ def load_config(
     layers: list[tuple[Mapping[str, Any], Callable[[str], str]]] = []
     if path is not None:
         layers.append((_flatten(_read_file(path)), lambda key: f"from {path}"))
+    env, from_files = _secret_files(env)
     try:
         layers.append((_flatten(_EnvSource(env)()), lambda key: f"from {env_name(key)}"))
     except SettingsError as exc:
         raise ConfigError(f"cannot read the {ENV_PREFIX}* environment variables") from exc
+    layers.append((from_files, lambda key: f"from {secret_file_env(key)}"))
     layers.append(
         ({str(k): v for k, v in (overrides or {}).items()}, lambda key: "from the command line")
     )

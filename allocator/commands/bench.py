@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import click
 
+from allocator.commands.options import GROUP_CODES, exit_codes
 
-@click.group("bench")
+
+@click.group("bench", epilog=exit_codes(*GROUP_CODES))
 def bench() -> None:
     """Benchmarks: each prints a table and writes JSON (timings are reported, never judged)."""

@@ -27,6 +27,15 @@ from allocator.bench.claims import report, runner
 from allocator.bench.claims.plan import Plan
 from allocator.commands import options
 from allocator.commands.bench import bench
+from allocator.commands.options import (
+    INTERRUPTED,
+    OTHER,
+    PORT_IN_USE,
+    PREREQUISITE,
+    SERVER_START,
+    USAGE,
+    exit_codes,
+)
 
 DEFAULT_STATE_DIR = Path(".run/bench-claims")
 
@@ -41,7 +50,18 @@ def _counts(text: str, option: str, upper: int) -> tuple[int, ...]:
     return tuple(dict.fromkeys(counts))
 
 
-@bench.command("claims")
+@bench.command(
+    "claims",
+    epilog=exit_codes(
+        (0, "measured: the table (or JSON) printed and the JSON written; timings are never judged"),
+        USAGE,
+        INTERRUPTED,
+        OTHER,
+        PREREQUISITE,
+        SERVER_START,
+        PORT_IN_USE,
+    ),
+)
 @click.option(
     "--clients",
     default="1,8,32",

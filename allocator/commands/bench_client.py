@@ -27,12 +27,32 @@ from allocator.bench.client import report, runner
 from allocator.bench.client.runner import DEFAULT_POOL_BLOCKS
 from allocator.commands import options
 from allocator.commands.bench import bench
+from allocator.commands.options import (
+    INTERRUPTED,
+    OTHER,
+    PORT_IN_USE,
+    PREREQUISITE,
+    SERVER_START,
+    USAGE,
+    exit_codes,
+)
 from allocator.commands.ranges import FiniteFloatRange
 
 DEFAULT_STATE_DIR = Path(".run/bench")
 
 
-@bench.command("client")
+@bench.command(
+    "client",
+    epilog=exit_codes(
+        (0, "measured: the table (or JSON) printed and the JSON written; timings are never judged"),
+        USAGE,
+        INTERRUPTED,
+        OTHER,
+        PREREQUISITE,
+        SERVER_START,
+        PORT_IN_USE,
+    ),
+)
 @options.database_url_option(
     help="A running allocator's database (role granted allocator_consumer). "
     "[default: an embedded cluster in --state-dir]"

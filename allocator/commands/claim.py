@@ -30,9 +30,20 @@ import click
 from allocator import client
 from allocator import config as config_mod
 from allocator.commands import options
+from allocator.commands.options import CONFIG, OTHER, USAGE, exit_codes
 
 
-@click.command("claim")
+@click.command(
+    "claim",
+    epilog=exit_codes(
+        (0, "claimed at least one block (fewer than --count when the pool ran short: a note)"),
+        (2, "a consumer name the database refuses (AL001/AL002)"),
+        USAGE,
+        (75, "the pool is empty (AL003) or PostgreSQL is unreachable: retry later"),
+        (CONFIG[0], "invalid configuration (every problem named)"),
+        OTHER,
+    ),
+)
 @click.option(
     "--consumer",
     required=True,

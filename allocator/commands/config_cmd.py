@@ -23,6 +23,7 @@ import click
 
 from allocator import config as config_mod
 from allocator import errors, zkclient
+from allocator.commands.options import GROUP_CODES, OTHER, USAGE, exit_codes
 from allocator.db import Replication, read_replication
 from allocator.errors import AllocatorError, InvalidConfigError
 from allocator.layout import format_utc_ms
@@ -38,12 +39,25 @@ def render_toml(sections: dict[str, dict[str, object]]) -> str:
     return "\n\n".join(blocks)
 
 
-@click.group("config")
+@click.group("config", epilog=exit_codes(*GROUP_CODES))
 def config() -> None:
     """Inspect the configuration."""
 
 
-@config.command("check")
+@config.command(
+    "check",
+    epilog=exit_codes(
+        (0, "the configuration is valid (warnings, if any, on stderr)"),
+        (2, "a malformed --set"),
+        USAGE,
+        (
+            78,
+            "invalid (every problem listed), a file that cannot be read, or --database found "
+            "a problem (asynchronous standbys, unreachable)",
+        ),
+        OTHER,
+    ),
+)
 @config_mod.config_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option(

@@ -16,9 +16,20 @@ import click
 
 from allocator import config as config_mod
 from allocator import layout
+from allocator.commands.options import CONFIG, OTHER, USAGE, exit_codes
 
 
-@click.command("decode", context_settings={"ignore_unknown_options": True})
+@click.command(
+    "decode",
+    context_settings={"ignore_unknown_options": True},
+    epilog=exit_codes(
+        (0, "decoded"),
+        (2, "not an ID: not an integer, negative, or over 2^63-1"),
+        USAGE,
+        (CONFIG[0], "invalid configuration (every problem named)"),
+        OTHER,
+    ),
+)
 @click.argument("snowflake_id", metavar="ID", type=str)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @config_mod.config_options

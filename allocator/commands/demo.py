@@ -27,6 +27,14 @@ from typing import TYPE_CHECKING
 import click
 
 from allocator.commands.local import render
+from allocator.commands.options import (
+    OTHER,
+    PORT_IN_USE,
+    PREREQUISITE,
+    SERVER_START,
+    USAGE,
+    exit_codes,
+)
 from allocator.commands.ranges import FiniteFloatRange
 from allocator.errors import AllocatorError
 from allocator.local.cluster import LocalCluster
@@ -57,7 +65,18 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-@click.command("demo")
+@click.command(
+    "demo",
+    epilog=exit_codes(
+        (0, "the story ran (or was interrupted) and the checker found no violation"),
+        (1, "an invariant was violated (each named), or no leader or no block in time"),
+        USAGE,
+        OTHER,
+        PREREQUISITE,
+        SERVER_START,
+        PORT_IN_USE,
+    ),
+)
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),

@@ -25,6 +25,16 @@ import click
 
 from allocator import verify
 from allocator.commands import options
+from allocator.commands.options import (
+    CONFIG,
+    INTERRUPTED,
+    OTHER,
+    PORT_IN_USE,
+    PREREQUISITE,
+    SERVER_START,
+    USAGE,
+    exit_codes,
+)
 from allocator.drill import output, plan
 from allocator.drill.observe import DrillError
 from allocator.drill.scenarios import ALL, MIXED, SCENARIOS
@@ -49,7 +59,25 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     return float(int(match.group(1)) * UNIT_S[match.group(2)])
 
 
-@click.command("drill")
+@click.command(
+    "drill",
+    epilog=exit_codes(
+        (0, "every round passed, no violation, and (a soak) no node grew past the bound"),
+        (
+            1,
+            "a round failed, a violation was found or a node grew (the table and files are "
+            "still written)",
+        ),
+        INTERRUPTED,
+        OTHER,
+        (2, "a scenario the target cannot run"),
+        USAGE,
+        PREREQUISITE,
+        SERVER_START,
+        PORT_IN_USE,
+        (CONFIG[0], "with --config: invalid configuration"),
+    ),
+)
 @click.option(
     "--scenario",
     type=click.Choice([*SCENARIOS, MIXED, ALL]),

@@ -64,6 +64,7 @@ from kazoo.security import ACL
 from allocator import config as config_mod
 from allocator import db, fence, status, zkclient
 from allocator.commands import options
+from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
 from allocator.config import Config
 from allocator.errors import AllocatorError, UsageError
 
@@ -339,7 +340,7 @@ def outcome_lines(outcome: Outcome) -> list[str]:
     return lines
 
 
-@click.group("fence")
+@click.group("fence", epilog=exit_codes(*options.GROUP_CODES))
 def fence_group() -> None:
     """The fencing token: re-base it after a ZooKeeper rebuild, or show it."""
 
@@ -382,7 +383,18 @@ def audited_options(record: str) -> Callable[[Callable[..., Any]], Callable[...,
     return decorate
 
 
-@fence_group.command("rebase")
+@fence_group.command(
+    "rebase",
+    epilog=exit_codes(
+        (0, "done (what changed is printed)"),
+        (1, "cancelled at the prompt; or the database was restored, not the ensemble"),
+        OTHER,
+        (2, "no --yes and no terminal to ask on; an empty or too long --reason (AL106)"),
+        USAGE,
+        UNAVAILABLE,
+        CONFIG,
+    ),
+)
 @audited_options("allocator.fence_history")
 def rebase_command(
     reason: str,
@@ -407,7 +419,16 @@ def rebase_command(
         click.echo(line)
 
 
-@fence_group.command("status")
+@fence_group.command(
+    "status",
+    epilog=exit_codes(
+        (0, "printed (a fence ahead of ZooKeeper is a line of it, not an exit)"),
+        USAGE,
+        UNAVAILABLE,
+        CONFIG,
+        OTHER,
+    ),
+)
 @click.option("--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object.")
 @options.database_url_option(
     help="PostgreSQL URL (operator or node role). [default: config postgres.url]"

@@ -3,17 +3,22 @@
 Rules: a thin layer over :class:`allocator.local.cluster.LocalCluster`; every subcommand
 takes ``--state-dir`` (default ``.run``, env ``ALLOCATOR_LOCAL_STATE_DIR``), so several
 clusters run side by side and any shell can inspect or stop one. ``up`` and ``status`` print
-a short table, or with ``--json`` one object with DESIGN §10's keys. Neither prints a
-secret: the cluster's URLs carry no password (``trust`` on loopback) and the nodes' admin
-token and ZooKeeper identity stay in ``<state>/cluster.json`` (mode 0600: ``admin_token``,
-``zk_auth``), where a shell that needs them reads them. ``up --node-env`` refuses a secret
-variable on the command line; ``down --purge`` and ``up --node-command`` are never read from
-the environment (:mod:`allocator.commands.options`). ``up`` runs 3 nodes for a new cluster
-(``--nodes``; as recorded for an existing one). The drill commands act on one process by
-its recorded pid: ``zk-stop``/``zk-start``, ``pg-stop``/``pg-start``,
-``node-stop``/``node-start`` (through the node supervisor, which then neither restarts nor
-forgets the node) and ``node-signal``.
-Errors are :class:`allocator.errors.AllocatorError` subclasses: one line, non-zero exit.
+a short table, or with ``--json`` one object with DESIGN §10's keys; every other action
+prints a line, or with ``--json`` one object (``action``, ``state_dir`` and what it did).
+``env`` prints the ``ALLOCATOR_*`` exports that point ``status``, ``watch``, ``claim`` and
+``step-down`` at the cluster (:mod:`allocator.local.client_env`). Nothing prints a secret:
+the cluster's URLs carry no password (``trust`` on loopback), the nodes' admin token and
+ZooKeeper identity stay in ``<state>/cluster.json`` (mode 0600: ``admin_token``,
+``zk_auth``) and in ``<state>/secrets/`` (one file each, mode 0600), which ``env`` exports
+as paths (``ALLOCATOR_NODE_ADMIN_TOKEN_FILE``, ``ALLOCATOR_ZOOKEEPER_AUTH_FILE``).
+``up --node-env`` refuses a secret variable on the command line; ``down --purge`` and
+``up --node-command`` are never read from the environment
+(:mod:`allocator.commands.options`). ``up`` runs 3 nodes for a new cluster (``--nodes``; as
+recorded for an existing one). The drill commands act on one process by its recorded pid:
+``zk-stop``/``zk-start``, ``pg-stop``/``pg-start``, ``node-stop``/``node-start`` (through
+the node supervisor, which then neither restarts nor forgets the node) and ``node-signal``.
+Errors are :class:`allocator.errors.AllocatorError` subclasses: one line, non-zero exit;
+each command's ``--help`` lists its exit codes.
 """
 
 from __future__ import annotations
@@ -22,13 +27,24 @@ import json
 import shlex
 import signal
 from pathlib import Path
+from typing import Any
 
 import click
 
 from allocator.commands import options
+from allocator.commands.options import (
+    NO_LOCAL_CLUSTER,
+    OK,
+    OTHER,
+    PORT_IN_USE,
+    PREREQUISITE,
+    SERVER_START,
+    USAGE,
+    exit_codes,
+)
 from allocator.errors import UsageError
+from allocator.local import client_env, postgres
 from allocator.local import nodes as nodes_mod
-from allocator.local import postgres
 from allocator.local.cluster import MAX_NODES, ClusterInfo, LocalCluster, NodeInfo
 
 STATE_DIR_ENV = "ALLOCATOR_LOCAL_STATE_DIR"
@@ -41,14 +57,26 @@ _state_dir_option = options.state_dir_option(
     envvar=STATE_DIR_ENV,
 )
 _json_option = options.json_option(help="Print one JSON object.")
+_STARTS = (SERVER_START, PORT_IN_USE)
+"""What starting a recorded server may fail with."""
 
 
-@click.group("local")
+@click.group("local", epilog=exit_codes(*options.GROUP_CODES))
 def local() -> None:
     """The embedded cluster: ZooKeeper and PostgreSQL on 127.0.0.1 under a state folder."""
 
 
-@local.command("up")
+@local.command(
+    "up",
+    epilog=exit_codes(
+        (0, "the servers serve (schema migrated unless --no-migrate), the nodes started"),
+        USAGE,
+        (1, "the record does not allow the request (another --zk or --tick-ms than recorded)"),
+        OTHER,
+        PREREQUISITE,
+        *_STARTS,
+    ),
+)
 @options.zk_servers_option(
     None,
     help="ZooKeeper servers, 1 or 3 (any odd number up to 7). [default: 3 for a new "
@@ -155,7 +183,9 @@ def up(
     )
     if nodes is None and not cluster.exists():
         nodes = nodes_mod.DEFAULT_NODES
-    _emit(cluster.up(migrate=migrate, nodes=nodes), as_json)
+    info = cluster.up(migrate=migrate, nodes=nodes)
+    client_env.client_env(info)  # the secret files `env` exports, fresh for a new cluster
+    _emit(info, as_json)
 
 
 def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
@@ -168,7 +198,7 @@ def _parse_env(pairs: tuple[str, ...]) -> dict[str, str]:
     return env
 
 
-@local.command("status")
+@local.command("status", epilog=exit_codes(OK, USAGE, NO_LOCAL_CLUSTER, OTHER))
 @_state_dir_option
 @_json_option
 def status(state_dir: Path, as_json: bool) -> None:
@@ -176,27 +206,70 @@ def status(state_dir: Path, as_json: bool) -> None:
     _emit(LocalCluster(state_dir).status(), as_json)
 
 
-@local.command("down")
+@local.command(
+    "env",
+    epilog=exit_codes(
+        (0, "the exports printed (a note on stderr when the cluster is not running)"),
+        USAGE,
+        NO_LOCAL_CLUSTER,
+        (1, "the secret files cannot be written"),
+        OTHER,
+    ),
+)
+@_state_dir_option
+@_json_option
+def env(state_dir: Path, as_json: bool) -> None:
+    """Print the ALLOCATOR_* exports that point the CLI at the cluster.
+
+    eval "$(allocator local env)" lets status, watch, claim and step-down reach it: the
+    ZooKeeper hosts with the nodes' chroot, the nodes' and a consumer's database URLs, and
+    the secrets as paths of files that hold them (ALLOCATOR_ZOOKEEPER_AUTH_FILE,
+    ALLOCATOR_NODE_ADMIN_TOKEN_FILE), never as values. It also unsets the variables that
+    would win over them (ALLOCATOR_CONFIG, ...).
+    """
+    found = client_env.client_env(LocalCluster(state_dir).status())
+    if as_json:
+        click.echo(json.dumps(found.to_json(), indent=2))
+        return
+    for line in found.shell():
+        click.echo(line)
+    if not found.running:
+        click.echo(
+            f"note: the cluster in {found.state_dir} is not running: "
+            f"allocator local up --state-dir {found.state_dir}",
+            err=True,
+        )
+
+
+@local.command(
+    "down",
+    epilog=exit_codes(
+        (0, "every recorded process stopped (or no cluster recorded: nothing to stop)"),
+        USAGE,
+        (1, "a process could not be stopped; it stays recorded: run down again"),
+        OTHER,
+    ),
+)
 @_state_dir_option
 @options.typed_option(
     "--purge",
     is_flag=True,
     help="Also delete the cluster's data (ZooKeeper and PostgreSQL folders, the record).",
 )
-def down(state_dir: Path, purge: bool) -> None:
+@_json_option
+def down(state_dir: Path, purge: bool, as_json: bool) -> None:
     """Stop every process of the cluster by its recorded pid (data kept unless --purge)."""
     cluster = LocalCluster(state_dir)
     had_record = cluster.exists()
     cluster.down(purge=purge)
     if not had_record:
-        click.echo(f"no cluster recorded in {cluster.state_dir}; nothing to stop")
+        text = f"no cluster recorded in {cluster.state_dir}; nothing to stop"
     else:
-        click.echo(
-            f"stopped the cluster in {cluster.state_dir}" + ("; data purged" if purge else "")
-        )
+        text = f"stopped the cluster in {cluster.state_dir}" + ("; data purged" if purge else "")
+    _done(as_json, text, "down", cluster, recorded=had_record, purged=purge and had_record)
 
 
-@local.command("zk-stop")
+@local.command("zk-stop", epilog=exit_codes(OK, USAGE, NO_LOCAL_CLUSTER, OTHER))
 @click.argument("server_id", metavar="ID", type=int)
 @click.option(
     "--graceful",
@@ -205,22 +278,31 @@ def down(state_dir: Path, purge: bool) -> None:
     help="SIGTERM instead of SIGKILL (the default simulates a crash).",
 )
 @_state_dir_option
-def zk_stop(server_id: int, graceful: bool, state_dir: Path) -> None:
+@_json_option
+def zk_stop(server_id: int, graceful: bool, state_dir: Path, as_json: bool) -> None:
     """Stop ZooKeeper server ID (a drill)."""
-    LocalCluster(state_dir).stop_zk(server_id, kill=not graceful)
-    click.echo(f"ZooKeeper server {server_id} stopped ({'SIGTERM' if graceful else 'SIGKILL'})")
+    cluster = LocalCluster(state_dir)
+    cluster.stop_zk(server_id, kill=not graceful)
+    sent = "SIGTERM" if graceful else "SIGKILL"
+    text = f"ZooKeeper server {server_id} stopped ({sent})"
+    _done(as_json, text, "zk-stop", cluster, zk_server=server_id, signal=sent, running=False)
 
 
-@local.command("zk-start")
+@local.command(
+    "zk-start", epilog=exit_codes(OK, USAGE, NO_LOCAL_CLUSTER, OTHER, PREREQUISITE, *_STARTS)
+)
 @click.argument("server_id", metavar="ID", type=int)
 @_state_dir_option
-def zk_start(server_id: int, state_dir: Path) -> None:
+@_json_option
+def zk_start(server_id: int, state_dir: Path, as_json: bool) -> None:
     """Restart ZooKeeper server ID on its recorded ports."""
-    LocalCluster(state_dir).start_zk(server_id)
-    click.echo(f"ZooKeeper server {server_id} running")
+    cluster = LocalCluster(state_dir)
+    cluster.start_zk(server_id)
+    text = f"ZooKeeper server {server_id} running"
+    _done(as_json, text, "zk-start", cluster, zk_server=server_id, running=True)
 
 
-@local.command("pg-stop")
+@local.command("pg-stop", epilog=exit_codes(OK, USAGE, NO_LOCAL_CLUSTER, OTHER))
 @click.option(
     "--mode",
     type=click.Choice(postgres.STOP_MODES),
@@ -231,13 +313,25 @@ def zk_start(server_id: int, state_dir: Path) -> None:
     "smart: SIGTERM (waits for clients).",
 )
 @_state_dir_option
-def pg_stop(mode: postgres.StopMode, state_dir: Path) -> None:
+@_json_option
+def pg_stop(mode: postgres.StopMode, state_dir: Path, as_json: bool) -> None:
     """Stop PostgreSQL (a drill)."""
-    LocalCluster(state_dir).stop_postgres(mode)
-    click.echo(f"PostgreSQL stopped ({mode})")
+    cluster = LocalCluster(state_dir)
+    cluster.stop_postgres(mode)
+    _done(as_json, f"PostgreSQL stopped ({mode})", "pg-stop", cluster, mode=mode, running=False)
 
 
-@local.command("pg-failover")
+@local.command(
+    "pg-failover",
+    epilog=exit_codes(
+        (0, "the standby is the primary now"),
+        (2, "no standby to promote (local up --pg-standby adds one)"),
+        USAGE,
+        (1, "the standby is not running, or the primary did not stop"),
+        NO_LOCAL_CLUSTER,
+        OTHER,
+    ),
+)
 @_state_dir_option
 @_json_option
 def pg_failover(state_dir: Path, as_json: bool) -> None:
@@ -249,15 +343,29 @@ def pg_failover(state_dir: Path, as_json: bool) -> None:
     click.echo(f"PostgreSQL primary killed; the standby on port {info.postgres.port} promoted")
 
 
-@local.command("pg-start")
+@local.command(
+    "pg-start", epilog=exit_codes(OK, USAGE, NO_LOCAL_CLUSTER, OTHER, PREREQUISITE, *_STARTS)
+)
 @_state_dir_option
-def pg_start(state_dir: Path) -> None:
+@_json_option
+def pg_start(state_dir: Path, as_json: bool) -> None:
     """Start PostgreSQL on its recorded port and wait until it accepts connections."""
-    LocalCluster(state_dir).start_postgres()
-    click.echo("PostgreSQL running")
+    cluster = LocalCluster(state_dir)
+    cluster.start_postgres()
+    _done(as_json, "PostgreSQL running", "pg-start", cluster, running=True)
 
 
-@local.command("node-stop")
+_NODE_CODES = (
+    OK,
+    (2, "no node NAME in this cluster"),
+    USAGE,
+    (1, "the node supervisor is not running (local up starts it)"),
+    NO_LOCAL_CLUSTER,
+    OTHER,
+)
+
+
+@local.command("node-stop", epilog=exit_codes(*_NODE_CODES))
 @click.argument("name", metavar="NAME")
 @click.option(
     "--kill",
@@ -266,22 +374,39 @@ def pg_start(state_dir: Path) -> None:
     help="SIGKILL instead of SIGTERM (a crash instead of a graceful stop).",
 )
 @_state_dir_option
-def node_stop(name: str, kill: bool, state_dir: Path) -> None:
+@_json_option
+def node_stop(name: str, kill: bool, state_dir: Path, as_json: bool) -> None:
     """Stop node NAME and keep it stopped until node-start (or up)."""
-    node = LocalCluster(state_dir).stop_node(name, kill=kill)
-    click.echo(f"{name} stopped ({'SIGKILL' if kill else 'SIGTERM'}); {_exit_text(node)}")
+    cluster = LocalCluster(state_dir)
+    node = cluster.stop_node(name, kill=kill)
+    sent = "SIGKILL" if kill else "SIGTERM"
+    text = f"{name} stopped ({sent}); {_exit_text(node)}"
+    _done(as_json, text, "node-stop", cluster, node=node.to_json(), signal=sent)
 
 
-@local.command("node-start")
+@local.command("node-start", epilog=exit_codes(*_NODE_CODES))
 @click.argument("name", metavar="NAME")
 @_state_dir_option
-def node_start(name: str, state_dir: Path) -> None:
+@_json_option
+def node_start(name: str, state_dir: Path, as_json: bool) -> None:
     """Start node NAME again after node-stop."""
-    node = LocalCluster(state_dir).start_node(name)
-    click.echo(f"{name} running, pid {node.pid}")
+    cluster = LocalCluster(state_dir)
+    node = cluster.start_node(name)
+    text = f"{name} running, pid {node.pid}"
+    _done(as_json, text, "node-start", cluster, node=node.to_json())
 
 
-@local.command("node-signal")
+@local.command(
+    "node-signal",
+    epilog=exit_codes(
+        OK,
+        (2, "no node NAME in this cluster"),
+        USAGE,
+        (1, "the node is not running, or exited before the signal"),
+        NO_LOCAL_CLUSTER,
+        OTHER,
+    ),
+)
 @click.argument("name", metavar="NAME")
 @click.argument(
     "signal_name",
@@ -289,11 +414,24 @@ def node_start(name: str, state_dir: Path) -> None:
     type=click.Choice(nodes_mod.DRILL_SIGNALS, case_sensitive=False),
 )
 @_state_dir_option
-def node_signal(name: str, signal_name: str, state_dir: Path) -> None:
+@_json_option
+def node_signal(name: str, signal_name: str, state_dir: Path, as_json: bool) -> None:
     """Send SIGNAL to node NAME (a drill). After SIGKILL or SIGTERM the supervisor restarts
     it; after SIGSTOP it stays paused until SIGCONT."""
-    pid = LocalCluster(state_dir).signal_node(name, signal_name.upper())
-    click.echo(f"{signal_name.upper()} sent to {name} (pid {pid})")
+    cluster = LocalCluster(state_dir)
+    sent = signal_name.upper()
+    pid = cluster.signal_node(name, sent)
+    text = f"{sent} sent to {name} (pid {pid})"
+    _done(as_json, text, "node-signal", cluster, name=name, signal=sent, pid=pid)
+
+
+def _done(as_json: bool, text: str, action: str, cluster: LocalCluster, **facts: Any) -> None:
+    """One line for people, or one JSON object: ``action``, ``state_dir`` and ``facts``."""
+    if as_json:
+        document = {"action": action, "state_dir": str(cluster.state_dir), **facts}
+        click.echo(json.dumps(document, indent=2))
+    else:
+        click.echo(text)
 
 
 def _exit_text(node: NodeInfo) -> str:

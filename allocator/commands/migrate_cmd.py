@@ -8,21 +8,35 @@ schema (docs/sql.md, "Who runs the migrations"); never ``allocator_node``. A URL
 password is refused on the command line (see :mod:`allocator.commands.options`). Upgrading
 is idempotent. Going down to ``base`` drops every block and the fence, so it needs ``--yes``;
 neither ``--to`` nor ``--yes`` is ever read from the environment (``ALLOCATOR_MIGRATE_YES=1``
-does nothing).
+does nothing). ``--json`` prints one object: ``action`` (check, upgrade, downgrade),
+``previous_revision``, ``current_revision``, ``head_revision``, ``up_to_date``; a check whose
+schema is behind still exits 1.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
 
 from allocator import config as config_mod
 from allocator.commands import options
+from allocator.commands.options import CONFIG, OTHER, USAGE, exit_codes
 from allocator.errors import UsageError
 
 
-@click.command("migrate")
+@click.command(
+    "migrate",
+    epilog=exit_codes(
+        (0, "the schema is at the newest revision (or removed: --to base)"),
+        (1, "--check: the schema is behind; a migration failed or the database is unreachable"),
+        OTHER,
+        (2, "--to base without --yes"),
+        USAGE,
+        (CONFIG[0], "invalid configuration (every problem named)"),
+    ),
+)
 @options.database_url_option(help="PostgreSQL URL of the schema owner (overrides postgres.url).")
 @options.typed_option(
     "--to",
@@ -33,12 +47,14 @@ from allocator.errors import UsageError
 )
 @options.typed_option("--yes", is_flag=True, help="Confirm a downgrade to base.")
 @click.option("--check", is_flag=True, help="Only report; exit 1 when the schema is behind.")
+@options.json_option(help="Print one JSON object.")
 @config_mod.config_options
 def migrate_command(
     database_url: str | None,
     target: str,
     yes: bool,
     check: bool,
+    as_json: bool,
     config_path: Path | None,
     set_pairs: tuple[str, ...],
 ) -> None:
@@ -51,17 +67,36 @@ def migrate_command(
     head = migrate.head_revision()
     if check:
         current = migrate.current_revision(url_text)
-        click.echo(f"schema revision: {current or 'none'} (newest: {head})")
+        text = f"schema revision: {current or 'none'} (newest: {head})"
+        _report(as_json, text, "check", current, current, head)
         raise SystemExit(0 if current == head else 1)
     if target == "base":
         if not yes:
             raise UsageError("--to base drops every block and the fence; add --yes to confirm")
+        before = migrate.current_revision(url_text)
         migrate.downgrade_to_base(url_text)
-        click.echo("allocator schema removed")
+        _report(as_json, "allocator schema removed", "downgrade", before, None, head)
         return
     before = migrate.current_revision(url_text)
     migrate.upgrade_to_head(url_text)
     if before == head:
-        click.echo(f"schema already at revision {head}")
+        text = f"schema already at revision {head}"
     else:
-        click.echo(f"schema upgraded from {before or 'nothing'} to revision {head}")
+        text = f"schema upgraded from {before or 'nothing'} to revision {head}"
+    _report(as_json, text, "upgrade", before, head, head)
+
+
+def _report(
+    as_json: bool, text: str, action: str, previous: str | None, current: str | None, head: str
+) -> None:
+    if not as_json:
+        click.echo(text)
+        return
+    document = {
+        "action": action,
+        "previous_revision": previous,
+        "current_revision": current,
+        "head_revision": head,
+        "up_to_date": current == head,
+    }
+    click.echo(json.dumps(document))

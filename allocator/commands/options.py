@@ -25,6 +25,10 @@ Rules:
   ``--nodes``, ``--session-timeout-ms`` (:func:`zk_servers_option`, :func:`nodes_option`,
   :func:`session_timeout_option`). A command passes what differs (its default folder,
   its JSON file's stem, its defaults, its help); names and types stay the same everywhere.
+- Every command's ``--help`` ends with its exit codes: :func:`exit_codes` makes the epilog
+  from entries whose numbers come from :mod:`allocator.errors` (:data:`OK`, :data:`USAGE`,
+  :data:`CONFIG`, ...), so a listed code is the one the error really carries; each entry
+  says what it means for that command. A unit test checks every command lists them.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import click
 from click.core import ParameterSource
 
 from allocator import config as config_mod
-from allocator import redact
+from allocator import errors, redact
 from allocator.errors import UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -51,6 +55,53 @@ SECRET_ENV_NAMES = frozenset(
     config_mod.env_name(key) for key in config_mod.SECRET_KEYS if key != "postgres.url"
 )
 """Variables whose every value is a secret (a URL is one only when it holds a password)."""
+
+
+ExitCode = tuple[int, str]
+"""An exit code and what it means for one command."""
+EXIT_CODES_HEADING = "Exit codes:"
+OK: ExitCode = (0, "done")
+OTHER: ExitCode = (errors.AllocatorError.exit_code, "any other error (one line on stderr)")
+INTERRUPTED: ExitCode = (1, "interrupted (Ctrl-C)")
+USAGE: ExitCode = (errors.UsageError.exit_code, "bad arguments or options")
+CONFIG: ExitCode = (
+    errors.ConfigError.exit_code,
+    "invalid configuration (every problem named), or ZooKeeper refused zookeeper.auth",
+)
+UNAVAILABLE: ExitCode = (
+    errors.ZooKeeperUnavailableError.exit_code,
+    "ZooKeeper or PostgreSQL unreachable or too slow: retry later",
+)
+PREREQUISITE: ExitCode = (
+    errors.PrerequisiteError.exit_code,
+    "a package the embedded cluster needs is missing (zookeeper, postgresql, java)",
+)
+SERVER_START: ExitCode = (
+    errors.ServerStartError.exit_code,
+    "a server of the embedded cluster did not start (its log's tail follows)",
+)
+PORT_IN_USE: ExitCode = (
+    errors.PortInUseError.exit_code,
+    "a port the embedded cluster needs is taken by another process",
+)
+NO_LOCAL_CLUSTER: ExitCode = (
+    errors.LocalClusterError.exit_code,
+    "no cluster recorded in the state folder (or not a valid record)",
+)
+GROUP_CODES: tuple[ExitCode, ...] = (
+    (0, "those of the subcommand"),
+    (errors.UsageError.exit_code, "no such subcommand, or bad options"),
+)
+
+
+def exit_codes(*codes: ExitCode) -> str:
+    """A command's ``epilog``: ``Exit codes:`` and one line per code, in numeric order;
+    two meanings of one code are joined with ``;``. ``\\b`` keeps click from rewrapping."""
+    meanings: dict[int, list[str]] = {}
+    for code, meaning in codes:
+        meanings.setdefault(code, []).append(meaning)
+    lines = [f"  {code:<3} {'; '.join(meanings[code])}" for code in sorted(meanings)]
+    return "\n".join(["\b", EXIT_CODES_HEADING, *lines])
 
 
 def typed_option(*param_decls: str, **attrs: Any) -> Callable[[F], F]:

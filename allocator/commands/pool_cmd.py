@@ -43,6 +43,7 @@ from allocator.commands.fence_cmd import (
     check_reason,
     write_generation,
 )
+from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
 from allocator.config import Config
 from allocator.errors import AllocatorError, UsageError
 
@@ -150,12 +151,23 @@ def outcome_lines(outcome: Outcome) -> list[str]:
     ]
 
 
-@click.group("pool")
+@click.group("pool", epilog=exit_codes(*options.GROUP_CODES))
 def pool_group() -> None:
     """The pool of cut blocks: reset it after a database restore."""
 
 
-@pool_group.command("reset")
+@pool_group.command(
+    "reset",
+    epilog=exit_codes(
+        (0, "done (what changed is printed)"),
+        (1, "cancelled at the prompt"),
+        OTHER,
+        (2, "no --after-restore, no --yes and no terminal, or a bad --reason"),
+        USAGE,
+        UNAVAILABLE,
+        CONFIG,
+    ),
+)
 @options.typed_option(
     "--after-restore",
     is_flag=True,

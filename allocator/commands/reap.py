@@ -8,25 +8,43 @@ session if, and only if, its process is provably dead on this host. For systemd'
 once instead of after ``RestartSec`` plus the start-up. Prints one line: what it did and
 why. Exit 0 whatever it decided (nothing to reap, ignored, alive, reaped, or ZooKeeper
 unreachable: the session then expires on its own); 78 for a configuration that cannot
-reap (no ``node.state_dir``, no configured ``node.name``, or invalid).
+reap (no ``node.state_dir``, no configured ``node.name``, or invalid). ``--json`` prints
+``{"action", "reason"}`` instead of the line.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import click
 
 from allocator import config as config_mod
 from allocator import reaper
+from allocator.commands.options import OTHER, USAGE, exit_codes
 from allocator.commands.run import load
 from allocator.errors import ConfigError
 
 
-@click.command("reap-session")
+@click.command(
+    "reap-session",
+    epilog=exit_codes(
+        (
+            0,
+            "whatever it decided: nothing to reap, ignored, alive, reaped, or ZooKeeper "
+            "unreachable (the session then expires on its own)",
+        ),
+        USAGE,
+        (78, "no node.state_dir, no configured node.name, or an invalid configuration"),
+        OTHER,
+    ),
+)
 @click.option("--name", help="The node's name (node.name) whose session to reap.")
+@click.option("--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object.")
 @config_mod.config_options
-def reap_session(name: str | None, config_path: Path | None, set_pairs: tuple[str, ...]) -> None:
+def reap_session(
+    name: str | None, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
+) -> None:
     """Close the ZooKeeper session of this node's dead predecessor (for ExecStopPost=)."""
     config = load(name, None, None, None, config_path, set_pairs)
     state_dir = config.node.state_path()
@@ -42,4 +60,7 @@ def reap_session(name: str | None, config_path: Path | None, set_pairs: tuple[st
         reaper.self_of(config),
         timeout_s=config.zookeeper.connect_timeout_s,
     )
-    click.echo(f"{decision.action.value}: {decision.reason}")
+    if as_json:
+        click.echo(json.dumps({"action": decision.action.value, "reason": decision.reason}))
+    else:
+        click.echo(f"{decision.action.value}: {decision.reason}")

@@ -31,6 +31,7 @@ import click
 
 from allocator import config as config_mod
 from allocator import logs
+from allocator.commands.options import OTHER, USAGE, exit_codes
 
 if TYPE_CHECKING:
     from allocator.config import Config
@@ -114,7 +115,23 @@ def serve(node: Node) -> None:
     sys.exit(node.run())
 
 
-@click.command("run")
+@click.command(
+    "run",
+    epilog=exit_codes(
+        (0, "stopped on request (SIGTERM, SIGINT); --check: the configuration is valid"),
+        (3, "ZooKeeper session lost (node.on_session_loss = exit)"),
+        (4, "fenced: a newer leader took over"),
+        USAGE,
+        (69, "a missing prerequisite"),
+        (75, "ZooKeeper or PostgreSQL unavailable at start"),
+        (
+            78,
+            "invalid configuration, no zookeeper.auth without zookeeper.insecure, or a layout "
+            "or datacenter id the database recorded otherwise",
+        ),
+        OTHER,
+    ),
+)
 @click.option("--name", help="Instance name (node.name); default <hostname>-<pid>.")
 @click.option("--admin-address", help="host:port of the admin HTTP server (node.admin_address).")
 @click.option(

@@ -4,7 +4,10 @@ Rules: read-only except step-down, which asks the current leader (found in the e
 znodes' data) over its admin HTTP with ``node.admin_token``; ``--json`` prints DESIGN
 §10's keys (plus the additions :mod:`allocator.status` lists, among them ``fence``);
 ``watch`` prints a line per change of leader, epoch or fence as it happens and a pool line
-every few seconds, and stops after ``--duration`` seconds or on Ctrl-C. A fence ahead of
+every few seconds, and stops after ``--duration`` seconds or on Ctrl-C; with ``--json`` each
+line is one JSON object (JSON lines: ``time``, ISO-8601 UTC, ``event`` and its fields, see
+:func:`watch`). ``step-down --json`` prints one object (``leader``, ``admin_url``,
+``stepping_down``). Each command's ``--help`` lists its exit codes. A fence ahead of
 ZooKeeper (no node can take it until an operator re-bases it) is one loud line in both
 views, never buried in a table: it stops all cutting. Election znodes that are ignored for
 the order or whose data does not parse are shown (``election`` in the JSON), and
@@ -18,6 +21,8 @@ import json
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,14 +30,27 @@ import click
 
 from allocator import config as config_mod
 from allocator import errors
+from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
 from allocator.commands.ranges import FiniteFloatRange
 from allocator.errors import AllocatorError, UsageError
 
 WATCH_INTERVAL_S = 0.25
 POOL_LINE_EVERY_S = 5.0
 
+Emit = Callable[[str, str, dict[str, Any]], None]
+"""``watch``'s output: (event, its text lines, its JSON line's fields)."""
 
-@click.command("status")
+
+@click.command(
+    "status",
+    epilog=exit_codes(
+        (0, "the status was printed (a fence ahead or behind is a line of it, not an exit)"),
+        USAGE,
+        UNAVAILABLE,
+        CONFIG,
+        OTHER,
+    ),
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @config_mod.config_options
 def status(as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]) -> None:
@@ -147,19 +165,43 @@ def ahead_line(report: dict[str, Any]) -> str:
     )
 
 
-@click.command("watch")
+@click.command(
+    "watch",
+    epilog=exit_codes(
+        (0, "stopped after --duration or by Ctrl-C (an unreachable server is a line, not an exit)"),
+        USAGE,
+        (errors.InvalidConfigError.exit_code, "invalid configuration (every problem named)"),
+        OTHER,
+    ),
+)
 @click.option(
     "--duration",
     type=FiniteFloatRange(min=0.0),
     default=None,
     help="Stop after this many seconds.",
 )
+@click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    show_envvar=True,
+    help="JSON lines: one object per line, each with time, event and its fields.",
+)
 @config_mod.config_options
-def watch(duration: float | None, config_path: Path | None, set_pairs: tuple[str, ...]) -> None:
-    """Live view of leadership and pool: handovers as they happen."""
+def watch(
+    duration: float | None, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
+) -> None:
+    """Live view of leadership and pool: handovers as they happen.
+
+    With --json every line is one JSON object with "time" (ISO-8601 UTC) and "event":
+    leader (leader, epoch, queue), fence (generation, zookeeper_generation,
+    ahead_of_zookeeper, problem), pool (available_blocks, available_ids, runway_s),
+    election (unparsable, ignored) or unavailable (error).
+    """
     from allocator.status import gather
 
     config = config_mod.load_from_options(config_path, set_pairs)
+    emit = _json_line if as_json else _text_line
     started = time.monotonic()
     last_leader: tuple[object, ...] | None = None
     last_fence: tuple[object, ...] | None = None
@@ -170,43 +212,77 @@ def watch(duration: float | None, config_path: Path | None, set_pairs: tuple[str
             try:
                 data = gather(config, history_limit=1, rebase_limit=0).to_json()
             except AllocatorError as exc:
-                click.echo(f"{_now()} unavailable: {errors.describe(exc)}")
+                error = errors.describe(exc)
+                emit("unavailable", f"unavailable: {error}", {"error": error})
                 time.sleep(1.0)
                 continue
-            last_election = _watch_election(data["election"], last_election)
+            last_election = _watch_election(data["election"], last_election, emit)
             leader = data["leader"]
             key = (leader and leader["name"], leader and leader["epoch"])
             if key != last_leader:
                 who = "none" if not leader else f"{leader['name']} epoch {leader['epoch']}"
-                queue = " > ".join(c["name"] for c in data["contenders"]) or "-"
-                click.echo(f"{_now()} leader {who}   queue: {queue}")
+                names = [c["name"] for c in data["contenders"]]
+                fields = {
+                    "leader": leader and leader["name"],
+                    "epoch": leader and leader["epoch"],
+                    "queue": names,
+                }
+                emit("leader", f"leader {who}   queue: {' > '.join(names) or '-'}", fields)
                 last_leader = key
-            last_fence = _watch_fence(data["fence"], last_fence)
+            last_fence = _watch_fence(data["fence"], last_fence, emit)
             if time.monotonic() - last_pool_line >= POOL_LINE_EVERY_S:
                 pool = data["pool"]
-                click.echo(f"{_now()} pool {pool['available_blocks']} blocks")
+                fields = {k: pool[k] for k in ("available_blocks", "available_ids", "runway_s")}
+                emit("pool", f"pool {pool['available_blocks']} blocks", fields)
                 last_pool_line = time.monotonic()
             time.sleep(WATCH_INTERVAL_S)
     except KeyboardInterrupt:
         pass
 
 
-@click.command("step-down")
+def _text_line(event: str, text: str, fields: dict[str, Any]) -> None:
+    for line in text.splitlines():
+        click.echo(f"{_now()} {line}")
+
+
+def _json_line(event: str, text: str, fields: dict[str, Any]) -> None:
+    now = datetime.now(UTC).isoformat(timespec="milliseconds")
+    click.echo(json.dumps({"time": now, "event": event, **fields}))
+
+
+@click.command(
+    "step-down",
+    epilog=exit_codes(
+        (0, "the leader is stepping down"),
+        (2, "node.admin_token is not set"),
+        USAGE,
+        (1, "no node in the election, or the leader refused or could not be reached"),
+        OTHER,
+        UNAVAILABLE,
+        CONFIG,
+    ),
+)
 @click.option(
     "--timeout",
     type=FiniteFloatRange(0.0, 3600.0, min_open=True),
     default=5.0,
     help="HTTP timeout in seconds.",
 )
+@click.option("--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object.")
 @config_mod.config_options
-def step_down(timeout: float, config_path: Path | None, set_pairs: tuple[str, ...]) -> None:
+def step_down(
+    timeout: float, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
+) -> None:
     """Ask the current leader to hand over at once (needs node.admin_token)."""
     from allocator.status import read_contenders_once
 
     config = config_mod.load_from_options(config_path, set_pairs)
     token = config.node.admin_token.get_secret_value()
     if not token:
-        raise UsageError("node.admin_token is not set (ALLOCATOR_NODE_ADMIN_TOKEN)")
+        raise UsageError(
+            "node.admin_token is not set (ALLOCATOR_NODE_ADMIN_TOKEN_FILE names a file that "
+            "holds it; or ALLOCATOR_NODE_ADMIN_TOKEN, or the config file)"
+        )
     contenders = read_contenders_once(config)
     if not contenders:
         raise AllocatorError("no node is in the election")
@@ -235,33 +311,48 @@ def step_down(timeout: float, config_path: Path | None, set_pairs: tuple[str, ..
         raise AllocatorError(
             f"cannot reach leader {leader.name} at {leader.admin_address}"
         ) from exc
-    click.echo(f"{leader.name} is stepping down: {body}")
+    if as_json:
+        document = {
+            "leader": leader.name,
+            "admin_url": leader.admin_address,
+            "stepping_down": body.get("stepping_down") if isinstance(body, dict) else None,
+        }
+        click.echo(json.dumps(document))
+    else:
+        click.echo(f"{leader.name} is stepping down: {body}")
 
 
-def _watch_election(election: dict[str, Any], last: list[str]) -> list[str]:
-    """Prints the election's problem lines when they change."""
+def _watch_election(election: dict[str, Any], last: list[str], emit: Emit) -> list[str]:
+    """Emits the election's problem lines (one ``election`` JSON line) when they change."""
     lines = election_lines(election)
     if lines != last:
-        for line in lines:
-            click.echo(f"{_now()} {line}")
+        fields = {k: election[k] for k in ("unparsable", "ignored")}
+        emit("election", "\n".join(lines), fields)
     return lines
 
 
-def _watch_fence(report: dict[str, Any], last: tuple[object, ...] | None) -> tuple[object, ...]:
-    """Prints a fence line when the generation, the ahead state or a problem changes."""
+def _watch_fence(
+    report: dict[str, Any], last: tuple[object, ...] | None, emit: Emit
+) -> tuple[object, ...]:
+    """Emits a fence line when the generation, the ahead state or a problem changes."""
     key = (report["generation"], report["ahead_of_zookeeper"], report["problem"])
     if key == last:
         return key
     if report["problem"]:
-        click.echo(f"{_now()} {unreadable_line(report)}")
+        text = unreadable_line(report)
     elif report["ahead_of_zookeeper"]:
-        click.echo(f"{_now()} {ahead_line(report)}")
+        text = ahead_line(report)
     else:
         note = " (no longer ahead of ZooKeeper)" if last is not None and last[1] else ""
-        click.echo(
-            f"{_now()} fence generation {report['generation']}, ZooKeeper generation "
+        text = (
+            f"fence generation {report['generation']}, ZooKeeper generation "
             f"{report['zookeeper_generation']}{note}"
         )
+    fields = {
+        k: report[k]
+        for k in ("generation", "zookeeper_generation", "ahead_of_zookeeper", "problem")
+    }
+    emit("fence", text, fields)
     return key
 
 

@@ -4,7 +4,8 @@ synchronous standby) and allocator nodes.
 Rules:
 
 - Everything lives in the state folder: ``cluster.json`` (the record), ``.lock``,
-  ``zk/<id>/``, ``pg/`` and ``nodes/`` (see ``deploy/local/README.md``). Several clusters
+  ``zk/<id>/``, ``pg/``, ``nodes/`` and ``secrets/`` (written by
+  :mod:`allocator.local.client_env`; see ``deploy/local/README.md``). Several clusters
   run side by side in different state folders; every port is picked free at creation and
   then recorded. A folder with no record (or none at all) is "no local cluster in DIR"; a
   path that cannot be a folder (under a file, a name too long) is "cannot use DIR as a
@@ -104,7 +105,9 @@ LOGIN_ROLES = (
     (nodes_mod.CONSUMER_LOGIN_ROLE, "allocator_consumer"),
 )
 MIN_CLIENT_CHECK_S = 5.0
-_CREATED_SUBTREES = ("zk", postgres.FIRST_SERVER, postgres.STANDBY_SERVER, "nodes")
+SECRETS_DIR = "secrets"
+"""``<state>/secrets/``: the cluster's secrets one per file, for ``*_FILE`` variables."""
+_CREATED_SUBTREES = ("zk", postgres.FIRST_SERVER, postgres.STANDBY_SERVER, "nodes", SECRETS_DIR)
 
 
 @dataclass(frozen=True)

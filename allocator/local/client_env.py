@@ -1,0 +1,121 @@
+"""The environment that points the CLI at an embedded cluster (``allocator local env``).
+
+Rules:
+
+- The variables come from the cluster's record (:class:`~allocator.local.cluster.ClusterInfo`):
+  ``ALLOCATOR_ZOOKEEPER_HOSTS`` (the ensemble plus the nodes' chroot),
+  ``ALLOCATOR_POSTGRES_URL`` (the nodes' login role, ``allocator_node_login``: what
+  ``status``, ``watch`` and ``fence status`` read), ``ALLOCATOR_CLAIM_DATABASE_URL``
+  (``allocator_app``, a consumer, for ``claim``), ``ALLOCATOR_LOCAL_STATE_DIR`` (so every
+  ``allocator local`` command of that shell acts on this cluster), and the secrets as files:
+  ``ALLOCATOR_ZOOKEEPER_AUTH_FILE`` (the cluster's ZooKeeper identity) and
+  ``ALLOCATOR_NODE_ADMIN_TOKEN_FILE`` (for ``step-down``), read by
+  :mod:`allocator.config` like any ``*_FILE`` secret.
+- No secret value is ever among the variables: each secret is written to a file of its own
+  in ``<state>/secrets/`` (folder 0700, file 0600, replaced atomically, and only when its
+  text changed) and the variable names that file. The URLs carry no password (``trust``
+  on loopback, :mod:`allocator.local.postgres`). ``local down --purge`` removes the folder.
+- Variables that would win over these or clash with them are listed to unset:
+  ``ALLOCATOR_CONFIG`` (a production file's keys would mix in), the secrets' value
+  variables (a value and its ``_FILE`` together are an error), ``ALLOCATOR_POSTGRES_URL_FILE``
+  and ``ALLOCATOR_CLAIM_DATABASE_URL_FILE``.
+- Every path is absolute, so the exports work from any folder.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from allocator import config as config_mod
+from allocator.errors import LocalClusterError
+from allocator.local.cluster import SECRETS_DIR, ClusterInfo
+
+STATE_DIR_ENV = "ALLOCATOR_LOCAL_STATE_DIR"
+CLAIM_URL_ENV = "ALLOCATOR_CLAIM_DATABASE_URL"
+ZK_AUTH_FILE = "zookeeper-auth"
+ADMIN_TOKEN_FILE = "admin-token"  # noqa: S105 (a file name)
+UNSET = (
+    config_mod.CONFIG_PATH_ENV,
+    config_mod.env_name("zookeeper.auth"),
+    config_mod.env_name("node.admin_token"),
+    config_mod.secret_file_env("postgres.url"),
+    CLAIM_URL_ENV + "_FILE",
+)
+
+
+@dataclass(frozen=True)
+class ClientEnv:
+    """What ``allocator local env`` prints: variables to export, and variables to unset."""
+
+    state_dir: Path
+    running: bool
+    variables: dict[str, str]
+    unset: tuple[str, ...] = UNSET
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "state_dir": str(self.state_dir),
+            "running": self.running,
+            "variables": self.variables,
+            "unset": list(self.unset),
+        }
+
+    def shell(self) -> list[str]:
+        """POSIX shell lines for ``eval``: a comment, ``unset``, then one ``export`` each."""
+        return [
+            f'# allocator local cluster in {self.state_dir}: eval "$(allocator local env)"',
+            f"unset {' '.join(self.unset)}",
+            *(f"export {name}={shlex.quote(value)}" for name, value in self.variables.items()),
+        ]
+
+
+def client_env(info: ClusterInfo) -> ClientEnv:
+    """The environment of the cluster ``info`` describes; writes its secret files."""
+    state_dir = info.state_dir.resolve()
+    variables = {
+        STATE_DIR_ENV: str(state_dir),
+        config_mod.env_name("zookeeper.hosts"): info.node_zk_hosts,
+        config_mod.env_name("postgres.url"): info.node_database_url,
+        CLAIM_URL_ENV: info.consumer_database_url,
+    }
+    secrets = {
+        "zookeeper.auth": (ZK_AUTH_FILE, info.zk_auth),
+        "node.admin_token": (ADMIN_TOKEN_FILE, info.admin_token),
+    }
+    for key, (name, value) in secrets.items():
+        if not value:
+            continue
+        path = state_dir / SECRETS_DIR / name
+        try:
+            write_secret(path, value)
+        except OSError as exc:
+            raise LocalClusterError(f"cannot write {path}: {exc.strerror or exc}") from exc
+        variables[config_mod.secret_file_env(key)] = str(path)
+    return ClientEnv(state_dir, info.running, variables)
+
+
+def write_secret(path: Path, value: str) -> Path:
+    """``value`` (and a line break) in ``path``, mode 0600 in a folder of mode 0700, replaced
+    atomically; left alone when it already holds exactly that."""
+    text = value + "\n"
+    with contextlib.suppress(OSError):
+        if path.read_text(encoding="utf-8") == text and path.stat().st_mode & 0o077 == 0:
+            return path
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    path.parent.chmod(0o700)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return path
