@@ -1,4 +1,5 @@
-"""The node's admin HTTP server: /metrics, /healthz, /readyz, /status, POST /step-down.
+"""The node's admin HTTP server: /metrics, /healthz, /readyz, /status, /cluster, the status
+page at /, POST /step-down.
 
 Rules:
 
@@ -13,7 +14,10 @@ Rules:
 - Unknown path ``404``; a known path with another method ``405`` with ``Allow``. The bounds
   and the other error answers (400, 408, 411, 413, 414, 431, 503, 505; 500 for a bug) are
   :mod:`allocator.httpd`'s: ``node.admin_max_threads`` worker threads, a total deadline of
-  ``node.admin_timeout_s`` per request, bounded head and body. Every body is one line of JSON.
+  ``node.admin_timeout_s`` per request, bounded head and body. Every body is one line of JSON
+  but ``/metrics`` (Prometheus text) and ``/`` (the read-only status page,
+  :mod:`allocator.status_page`, with its Content-Security-Policy; it reads ``/status`` and
+  ``/cluster``, the cluster as this node last read it, :mod:`allocator.cluster_view`).
 - Handlers only read snapshots and set flags: they never block on ZooKeeper or PostgreSQL.
   Started and stopped by the node.
 """
@@ -27,7 +31,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from allocator import logs
+from allocator import logs, status_page
 from allocator.httpd import BoundedHTTPServer, Handler
 from allocator.metrics import NodeMetrics
 
@@ -54,6 +58,7 @@ class AdminServer:
         healthy: Callable[[], bool],
         ready: Callable[[], bool],
         step_down: Callable[[], bool],
+        cluster: Callable[[], dict[str, Any]],
         *,
         max_threads: int = DEFAULT_MAX_THREADS,
         timeout_s: float = DEFAULT_TIMEOUT_S,
@@ -66,6 +71,7 @@ class AdminServer:
         self._healthy = healthy
         self._ready = ready
         self._step_down = step_down
+        self._cluster = cluster
         self._max_threads = max_threads
         self._timeout_s = timeout_s
         self._server: BoundedHTTPServer | None = None
@@ -113,6 +119,12 @@ class AdminServer:
     def _status(self, request: Handler) -> None:
         request.reply_json(200, self._snapshot())
 
+    def _cluster_page(self, request: Handler) -> None:
+        request.reply_json(200, self._cluster())
+
+    def _status_page(self, request: Handler) -> None:
+        request.reply(200, status_page.PAGE, status_page.CONTENT_TYPE, status_page.HEADERS)
+
     def _step_down_page(self, request: Handler) -> None:
         if not self._token:
             request.reply_error(403, "step-down is disabled: node.admin_token is not set")
@@ -139,6 +151,8 @@ class AdminServer:
             "/healthz": dict.fromkeys(READ_METHODS, self._healthz),
             "/readyz": dict.fromkeys(READ_METHODS, self._readyz),
             "/status": dict.fromkeys(READ_METHODS, self._status),
+            "/cluster": dict.fromkeys(READ_METHODS, self._cluster_page),
+            "/": dict.fromkeys(READ_METHODS, self._status_page),
             STEP_DOWN_PATH: {"POST": self._step_down_page},
         }
 

@@ -67,12 +67,14 @@ from kazoo.protocol.states import KazooState
 
 from allocator import fence, logs, reaper, session_file, zkclient
 from allocator.admin import AdminServer
+from allocator.cluster_view import ClusterView
 from allocator.config import Config
 from allocator.election import (
     Contender,
     Election,
     ElectionNodeLostError,
     Identity,
+    Queue,
     ZooKeeperCallTimeoutError,
 )
 from allocator.errors import (
@@ -159,6 +161,7 @@ class Node:
         self._term_factory = term_factory
         self._guard = SessionGuard(config.zookeeper.session_timeout_ms / 1000)
         self._jobs = jobs
+        self._cluster = ClusterView(self._read_queue, store)  # the status page's view
         self._admin = AdminServer(
             config.node.admin_address,
             config.node.admin_token.get_secret_value(),
@@ -167,6 +170,7 @@ class Node:
             healthy=lambda: not self._guard.lost,
             ready=lambda: self._guard.connected,
             step_down=self.request_step_down,
+            cluster=self._cluster.to_json,
             max_threads=config.node.admin_max_threads,
             timeout_s=config.node.admin_timeout_s,
         )
@@ -287,6 +291,7 @@ class Node:
                 target=self._probe_loop, name="db-probe", daemon=True
             )
             self._probe_thread.start()
+            self._cluster.start()
             return self._loop()
         finally:
             self._shutdown()
@@ -863,6 +868,13 @@ class Node:
             )
         self._election_findings = (unparsable, ignored)
 
+    def _read_queue(self) -> Queue | None:
+        """The whole election for the status page; None while there is no session to ask."""
+        election = self._election
+        if election is None or not self._guard.connected:
+            return None
+        return election.queue()
+
     def _probe_unanswered(self, waited_s: float) -> None:
         if self._health.advert().db_ok is not False:
             log.warning(
@@ -1006,6 +1018,7 @@ class Node:
             self._forget_session()  # closed: the file would name a dead session
         if self._probe_thread is not None:
             self._probe_thread.join(timeout=JOB_STOP_TIMEOUT_S)
+        self._cluster.stop()
         self._db.close()
         self._admin.stop()
         log.info("stopped", name=self.name)

@@ -12,7 +12,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from allocator.db import ClockReading, FenceState, Takeover
+from allocator.db import ClockReading, FenceState, PoolStatus, Takeover
+from allocator.db import Term as TermRecord
 from allocator.errors import AllocatorError, FencedError
 from allocator.fence import Token
 from allocator.health import NodeHealth
@@ -33,6 +34,12 @@ class NodeStore(Protocol):
     def fence(self) -> FenceState: ...
 
     def read_clock(self, now_ms: Callable[[], float]) -> ClockReading: ...
+
+    def pool_status(self) -> PoolStatus: ...
+
+    def leader_history(self, limit: int) -> list[TermRecord]:
+        """The latest ``limit`` terms, newest first (the status page's last handovers)."""
+        ...
 
 
 @dataclass(frozen=True)

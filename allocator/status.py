@@ -170,73 +170,93 @@ class ClusterStatus:
         return self.contenders[0] if self.contenders else None
 
     def leader_epoch(self) -> int | None:
-        leader = self.leader
-        if leader is None or self.pool.holder != leader.identity.name:
-            return None
-        return self.pool.epoch
+        return leader_epoch(self.contenders, self.pool)
 
     def to_json(self) -> dict[str, Any]:
-        leader = self.leader
-        epoch = self.leader_epoch()
-        generation = None if epoch is None else self.pool.generation
-        # The same czxid can come back after an ensemble rebuild: match the whole token.
-        since = next(
-            (t.elected_at for t in self.terms if (t.generation, t.epoch) == (generation, epoch)),
-            None,
-        )
         return {
-            "leader": None
-            if leader is None
-            else {
-                "name": leader.identity.name,
-                "host": leader.identity.host,
-                "pid": leader.identity.pid,
-                "epoch": epoch,
-                "generation": generation,
-                "since": since.isoformat() if since else None,
-                "admin_url": leader.identity.admin_address,
-            },
-            "contenders": [
-                {
-                    "name": c.identity.name,
-                    "host": c.identity.host,
-                    "pid": c.identity.pid,
-                    "znode": c.znode,
-                    "admin_url": c.identity.admin_address,
-                    "db_ok": c.identity.db_ok,
-                    "clock_ok": c.identity.clock_ok,
-                    "problem": c.problem,
-                }
-                for c in self.contenders
-            ],
-            "election": {
-                "unparsable": [
-                    {"znode": c.znode, "problem": c.problem}
-                    for c in self.contenders
-                    if c.problem is not None
-                ],
-                "ignored": [{"znode": i.znode, "reason": i.reason} for i in self.ignored],
-            },
-            "pool": {
-                "available_blocks": self.pool.available_blocks,
-                "available_ids": self.pool.available_ids,
-                "runway_s": self.pool.runway_s,
-                "high_water_id": self.pool.high_water_id,
-                "claim_rate_blocks_per_s": self.pool.claim_rate_blocks_per_s,
-            },
-            "handovers": [
-                {
-                    "epoch": t.epoch,
-                    "generation": t.generation,
-                    "holder": t.holder,
-                    "elected_at": t.elected_at.isoformat(),
-                    "ended_at": t.ended_at.isoformat() if t.ended_at else None,
-                    "end_reason": t.end_reason,
-                }
-                for t in self.terms
-            ],
+            **cluster_json(self.contenders, self.pool, self.terms, self.ignored),
             "fence": self.fence.to_json(),
         }
+
+
+def leader_epoch(contenders: list[Contender], pool: PoolStatus | None) -> int | None:
+    """The fence's epoch when the first contender holds it, else None (not yet, or unknown)."""
+    if not contenders or pool is None or pool.holder != contenders[0].identity.name:
+        return None
+    return pool.epoch
+
+
+def cluster_json(
+    contenders: list[Contender],
+    pool: PoolStatus | None,
+    terms: list[Term],
+    ignored: list[Ignored],
+) -> dict[str, Any]:
+    """``allocator status --json`` but the fence: leader, contenders, election, pool and
+    handovers (DESIGN §10); also each node's status page (:mod:`allocator.cluster_view`),
+    where ``pool`` is null until the database has answered."""
+    leader = contenders[0] if contenders else None
+    epoch = leader_epoch(contenders, pool)
+    generation = None if epoch is None or pool is None else pool.generation
+    # The same czxid can come back after an ensemble rebuild: match the whole token.
+    since = next(
+        (t.elected_at for t in terms if (t.generation, t.epoch) == (generation, epoch)),
+        None,
+    )
+    return {
+        "leader": None
+        if leader is None
+        else {
+            "name": leader.identity.name,
+            "host": leader.identity.host,
+            "pid": leader.identity.pid,
+            "epoch": epoch,
+            "generation": generation,
+            "since": since.isoformat() if since else None,
+            "admin_url": leader.identity.admin_address,
+        },
+        "contenders": [
+            {
+                "name": c.identity.name,
+                "host": c.identity.host,
+                "pid": c.identity.pid,
+                "znode": c.znode,
+                "admin_url": c.identity.admin_address,
+                "db_ok": c.identity.db_ok,
+                "clock_ok": c.identity.clock_ok,
+                "problem": c.problem,
+            }
+            for c in contenders
+        ],
+        "election": {
+            "unparsable": [
+                {"znode": c.znode, "problem": c.problem}
+                for c in contenders
+                if c.problem is not None
+            ],
+            "ignored": [{"znode": i.znode, "reason": i.reason} for i in ignored],
+        },
+        "pool": None
+        if pool is None
+        else {
+            "available_blocks": pool.available_blocks,
+            "available_ids": pool.available_ids,
+            "runway_s": pool.runway_s,
+            "high_water_id": pool.high_water_id,
+            "claim_rate_blocks_per_s": pool.claim_rate_blocks_per_s,
+        },
+        "handovers": [
+            {
+                "epoch": t.epoch,
+                "generation": t.generation,
+                "holder": t.holder,
+                "elected_at": t.elected_at.isoformat(),
+                "ended_at": t.ended_at.isoformat() if t.ended_at else None,
+                "end_reason": t.end_reason,
+            }
+            for t in terms
+        ],
+    }
 
 
 # -- ZooKeeper -------------------------------------------------------------------------------

@@ -29,6 +29,7 @@ class Stubs:
     ready: bool = True
     leading: bool = True
     snapshot: Callable[[], dict[str, Any]] = lambda: {"role": "leader"}
+    cluster: Callable[[], dict[str, Any]] = lambda: {"leader": None, "contenders": []}
     step_downs: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -85,6 +86,7 @@ def served(token: str = TOKEN, stubs: Stubs | None = None, **kwargs: Any) -> Ite
         healthy=lambda: stubs.healthy,
         ready=lambda: stubs.ready,
         step_down=stubs.step_down,
+        cluster=lambda: stubs.cluster(),
         **kwargs,
     )
     server.start()

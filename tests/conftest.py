@@ -18,6 +18,7 @@ pytest_plugins = [
     "tests.fixtures.pg",
     "tests.fixtures.replication",
     "tests.fixtures.zk",
+    "tests.fixtures.nodes",  # after the plugins it imports
 ]
 
 SOAK_ENV = "ALLOCATOR_SOAK"

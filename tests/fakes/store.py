@@ -27,7 +27,7 @@ from datetime import UTC, datetime
 from typing import Literal
 
 from allocator import db
-from allocator.db import ClockReading, FenceState, Rebase, Takeover
+from allocator.db import ClockReading, FenceState, PoolStatus, Rebase, Takeover
 from allocator.errors import (
     DatabaseUnavailableError,
     InvalidBatchError,
@@ -146,6 +146,8 @@ class FakeStore:
         self._lock = threading.Lock()
         self.takeovers: list[tuple[Token, Outcome]] = []
         """Every ``take_fence`` this node asked for, with what came of it."""
+        self.available_blocks = 1_000_000
+        """What ``pool_status`` reports (the fake keeps no pool)."""
 
     def open(self, timeout: float | None = None) -> None:
         self._check_reachable("open the node database pool")
@@ -179,6 +181,10 @@ class FakeStore:
         self._check_reachable("read the fence")
         return self.database.fence()
 
+    def leader_history(self, limit: int) -> list[db.Term]:
+        self._check_reachable("read the leader history")
+        return self.database.history()[::-1][:limit]
+
     def read_clock(self, now_ms: Callable[[], float]) -> ClockReading:
         self._check_reachable("read the database clock")
         node_ms = now_ms()
@@ -186,6 +192,22 @@ class FakeStore:
             offset_ms=self.clock_offset_ms,
             uncertainty_ms=0.0,
             db_ms=round(node_ms + self.clock_offset_ms),
+        )
+
+    def pool_status(self) -> PoolStatus:
+        self._check_reachable("read the pool status")
+        fence = self.database.fence()
+        return PoolStatus(
+            available_blocks=self.available_blocks,
+            available_ids=self.available_blocks * 4096,
+            claim_rate_blocks_per_s=None,
+            runway_s=None,
+            high_water_id=fence.high_water_id,
+            cut_position=0,
+            claim_position=0,
+            epoch=fence.epoch,
+            holder=fence.holder,
+            generation=fence.generation,
         )
 
     def outcomes(self) -> list[Outcome]:

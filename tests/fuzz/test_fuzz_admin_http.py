@@ -5,7 +5,8 @@ with near-miss tokens, Content-Length, Transfer-Encoding, Expect, junk), bodies,
 endings, oversize lines and heads, and raw bytes, against two real servers: one with a
 step-down token and one without. Every answer is one well-formed HTTP answer whose status is
 documented (docs/admin-http.md; never 500) with no traceback, whose body is one line of JSON
-(``{"error": ...}`` for errors; only ``/metrics`` answers Prometheus text), and step-down runs
+(``{"error": ...}`` for errors; only ``/metrics`` answers Prometheus text and ``/`` the status
+page's HTML), and step-down runs
 only on a ``202``, which only a request carrying ``Bearer <the token>`` to the server that has
 it gets: no other input changes the node's state.
 
@@ -22,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from allocator import httpd
+from allocator import httpd, status_page
 from allocator.admin import STATUSES
 from tests.admin_server import TOKEN, Answer, Served, served
 from tests.fuzz.profiles import examples
@@ -37,6 +38,7 @@ PATHS = [
     "/healthz",
     "/readyz",
     "/status",
+    "/cluster",
     "/step-down",
     "/step-down/",
     "/step-down?x=1",
@@ -129,8 +131,9 @@ def check(served: Served, raw: bytes, before: int) -> Answer:
     answer = served.exchange(raw)
     assert answer.status in ANSWERS, (answer, raw[:300])
     assert b"Traceback" not in answer.body
-    if answer.headers["content-type"] != "application/json":  # only /metrics is not JSON
-        assert (answer.status, answer.headers["content-type"]) == (200, CONTENT_TYPE_LATEST)
+    if answer.headers["content-type"] != "application/json":  # only /metrics and / are not
+        assert answer.status == 200
+        assert answer.headers["content-type"] in (CONTENT_TYPE_LATEST, status_page.CONTENT_TYPE)
     elif answer.body:  # HEAD: none
         assert b"\n" not in answer.body
         document = json.loads(answer.body)

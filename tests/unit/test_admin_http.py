@@ -104,7 +104,7 @@ def test_step_down_is_disabled_without_a_configured_token() -> None:
 
 
 def test_unknown_paths_are_404_and_wrong_methods_405_with_allow(served: Served) -> None:
-    for method, path in [("GET", "/"), ("GET", "/nothing"), ("POST", "/metrics/x"), ("X", "/y")]:
+    for method, path in [("GET", "/x"), ("GET", "/nothing"), ("POST", "/metrics/x"), ("X", "/y")]:
         answer = served.request(method, path)
         assert (answer.status, error_of(answer)) == (404, "not found")
     for method, path, allow in [
@@ -113,6 +113,7 @@ def test_unknown_paths_are_404_and_wrong_methods_405_with_allow(served: Served) 
         ("POST", "/healthz", "GET, HEAD"),
         ("DELETE", "/metrics", "GET, HEAD"),
         ("get", "/status", "GET, HEAD"),
+        ("POST", "/", "GET, HEAD"),
     ]:
         answer = served.request(method, path, {"Authorization": f"Bearer {TOKEN}"})
         assert (answer.status, answer.headers["allow"]) == (405, allow)
