@@ -1,13 +1,26 @@
 """Prometheus metrics of one node, in a registry of its own (no global state).
 
 Rules: names are ``allocator_*`` with units in the name; counters end in ``_total``. Every
-metric an alert rule uses (deploy/prometheus) is listed here and nowhere else. A node
-creates one :class:`NodeMetrics`; tests create as many as they like.
+metric an alert rule or the dashboard uses (deploy/prometheus, deploy/grafana) is listed
+here and nowhere else. A node creates one :class:`NodeMetrics`; tests create as many as
+they like.
+
+- Pool figures (``allocator_pool_*``) do not depend on which node leads: every node reads
+  ``pool_status`` itself (:mod:`allocator.pool_watch`), so any one scraped node tells the
+  pool's state, and a follower never exports a made-up 0. Until a node's first reading
+  they are NaN (no value), never 0.
+- What only a leader knows (its term, its cutting alerts) is reset by
+  :meth:`NodeMetrics.leadership_ended` when it stops leading, so an ex-leader never keeps
+  exporting a stale alert.
 """
 
 from __future__ import annotations
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import math
+import platform
+from importlib import metadata
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client import Enum as EnumMetric
 
 SESSION_STATES = ["connecting", "connected", "suspended", "lost"]
@@ -19,7 +32,15 @@ class NodeMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.build = Info("allocator_build", "The allocator version this node runs", registry=r)
+        self.build.info({"version": _version(), "python": platform.python_version()})
         self.is_leader = Gauge("allocator_is_leader", "1 while this node may write", registry=r)
+        self.ready = Gauge(
+            "allocator_ready",
+            "1 while /readyz answers ready (ZooKeeper connected, database reachable, the pool "
+            "at pool.min_blocks or above since it last ran empty)",
+            registry=r,
+        )
         self.fence_epoch = Gauge(
             "allocator_fence_epoch",
             "Epoch (czxid) of this node's current term, 0 if none",
@@ -58,8 +79,22 @@ class NodeMetrics:
             "allocator_pool_available_blocks", "Unclaimed blocks in the pool", registry=r
         )
         self.pool_runway_seconds = Gauge(
-            "allocator_pool_runway_seconds", "Pool runway at the observed claim rate", registry=r
+            "allocator_pool_runway_seconds",
+            "Pool runway at the observed claim rate (+Inf while nothing is claimed)",
+            registry=r,
         )
+        self.pool_claim_rate = Gauge(
+            "allocator_pool_claim_rate_blocks_per_second",
+            "Blocks claimed per second, from the leader's pool samples (0 while unknown)",
+            registry=r,
+        )
+        self.pool_runway_needed_seconds = Gauge(
+            "allocator_pool_runway_needed_seconds",
+            "The runway a handover needs: zookeeper.session_timeout_ms + pool.handover_margin_s",
+            registry=r,
+        )
+        for gauge in (self.pool_available_blocks, self.pool_runway_seconds, self.pool_claim_rate):
+            gauge.set(math.nan)
         self.refill_seconds = Histogram(
             "allocator_refill_duration_seconds", "Time of one refill run", registry=r
         )
@@ -74,8 +109,8 @@ class NodeMetrics:
             "issued (ensemble wiped or restored): run `allocator fence rebase`",
             registry=r,
         )
-        self.clock_offset_ms = Gauge(
-            "allocator_clock_offset_ms",
+        self.clock_offset_seconds = Gauge(
+            "allocator_clock_offset_seconds",
             "Database server clock minus this node's clock at the last probe",
             registry=r,
         )
@@ -137,6 +172,16 @@ class NodeMetrics:
             "in the queue; someone other than our nodes wrote them)",
             registry=r,
         )
+        self.election_queue_length = Gauge(
+            "allocator_election_queue_length",
+            "Contenders in the election queue at the last scan (the leader included)",
+            registry=r,
+        )
+        self.layout_time_left_seconds = Gauge(
+            "allocator_layout_time_left_seconds",
+            "Seconds until the layout's time bits run out (then no block can be cut)",
+            registry=r,
+        )
         self.election_ignored_znodes = Gauge(
             "allocator_election_ignored_znodes",
             "Children of the election path that take no place in the queue at the last scan "
@@ -149,3 +194,32 @@ class NodeMetrics:
             ["task"],
             registry=r,
         )
+
+    def pool_observed(
+        self, available_blocks: int, runway_s: float | None, claim_rate: float | None
+    ) -> None:
+        """One reading of ``pool_status`` (runway None: nothing claimed, so unbounded)."""
+        self.pool_available_blocks.set(available_blocks)
+        self.pool_runway_seconds.set(math.inf if runway_s is None else runway_s)
+        self.pool_claim_rate.set(claim_rate or 0.0)
+
+    def leadership_ended(self) -> None:
+        """Reset what only a leader exports (module rules)."""
+        for gauge in (
+            self.is_leader,
+            self.fence_epoch,
+            self.fence_generation,
+            self.handover_withheld,
+            self.clock_behind,
+            self.time_range_exhausted,
+            self.mark_ahead_seconds,
+            self.async_replication,
+        ):
+            gauge.set(0)
+
+
+def _version() -> str:
+    try:
+        return metadata.version("allocator")
+    except metadata.PackageNotFoundError:
+        return "unknown"

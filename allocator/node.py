@@ -38,6 +38,10 @@ Rules (DESIGN §3, §4, §11; the invariants I3 and I6):
   ``NoAuth`` answer is a configuration error (exit 78), never retried. Every
   ``ELECTION_SCAN_INTERVAL_S`` it reads the whole election and reports, by metric and one
   log line per change, znodes ignored for the order or holding data that does not parse.
+- After each probe the node reads the pool itself (:mod:`allocator.pool_watch`): the pool
+  metrics never depend on which node leads, and ``/readyz`` answers ready only while
+  ZooKeeper is connected, the database answered and the pool can take a burst. A leader's
+  own gauges are reset when its term ends (:meth:`NodeMetrics.leadership_ended`).
 - The node receives its collaborators (:mod:`allocator.ports`): the store, a ZooKeeper
   client factory, the leader jobs, the clock. The constructor does no I/O; :meth:`Node.run`
   does it all and always cleans up.
@@ -65,7 +69,7 @@ from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 
-from allocator import fence, logs, reaper, session_file, zkclient
+from allocator import fence, logs, reaper, runway, session_file, zkclient
 from allocator.admin import AdminServer
 from allocator.cluster_view import ClusterView
 from allocator.config import Config
@@ -89,6 +93,7 @@ from allocator.errors import (
 from allocator.health import NodeHealth
 from allocator.leadership import SessionGuard, Term
 from allocator.metrics import NodeMetrics
+from allocator.pool_watch import PoolWatch
 from allocator.ports import LeaderHooks, LeaderJobsPort, NodeStore, ZooKeeperFactory
 
 log = logs.get_logger(__name__)
@@ -161,6 +166,11 @@ class Node:
         self._term_factory = term_factory
         self._guard = SessionGuard(config.zookeeper.session_timeout_ms / 1000)
         self._jobs = jobs
+        self._pool_watch = PoolWatch(store, config, self._metrics)
+        ends_at_ms = config.layout.ends_at_ms
+        self._metrics.layout_time_left_seconds.set_function(
+            lambda: max(0.0, (ends_at_ms - self._now_ms()) / 1000)
+        )
         self._cluster = ClusterView(self._read_queue, store)  # the status page's view
         self._admin = AdminServer(
             config.node.admin_address,
@@ -168,7 +178,7 @@ class Node:
             self._metrics,
             snapshot=self.snapshot,
             healthy=lambda: not self._guard.lost,
-            ready=lambda: self._guard.connected,
+            ready=self._ready,
             step_down=self.request_step_down,
             cluster=self._cluster.to_json,
             max_threads=config.node.admin_max_threads,
@@ -225,6 +235,12 @@ class Node:
     def role(self) -> str:
         return self._role
 
+    def _ready(self) -> bool:
+        """What ``/readyz`` answers (:mod:`allocator.pool_watch`)."""
+        return bool(
+            self._guard.connected and self._health.advert().db_ok and self._pool_watch.pool_ready
+        )
+
     def session_credentials(self) -> tuple[int, bytes] | None:
         """(session id, password) of the live ZooKeeper session: for forced-expiry drills."""
         client_id: tuple[int, bytes] | None = self._zk.client_id
@@ -256,6 +272,22 @@ class Node:
             "handover_withheld": self._handover_withheld,
             "async_replication": self._health.async_replication,
             "async_replication_allowed": self._config.postgres.allow_async_replication,
+            "ready": self._ready(),
+            "pool": self._pool_snapshot(),
+        }
+
+    def _pool_snapshot(self) -> dict[str, Any] | None:
+        """This node's last reading of the pool, with what it must cover."""
+        status = self._pool_watch.last
+        if status is None:
+            return None
+        return {
+            "available_blocks": status.available_blocks,
+            "claim_rate_blocks_per_s": status.claim_rate_blocks_per_s,
+            "runway_s": status.runway_s,
+            "runway_needed_s": runway.needed_runway_s(self._config),
+            "covers_handover": runway.rate_warning(self._config, status.claim_rate_blocks_per_s)
+            is None,
         }
 
     # -- the run ----------------------------------------------------------------------------
@@ -559,14 +591,12 @@ class Node:
             # Hand over before anything else: every database call (the jobs in flight, the
             # end of the term) would wait out the dead path's timeouts first.
             self._leave(election)
-        self._metrics.is_leader.set(0)
-        self._metrics.fence_epoch.set(0)
-        self._metrics.fence_generation.set(0)
-        self._metrics.handover_withheld.set(0)
+        self._metrics.leadership_ended()
         self._handover_withheld = None
         self._health.term_ended()
         if not self._jobs.stop(JOB_STOP_TIMEOUT_S):
             log.error("job_stop_timeout", name=self.name, token=str(token))
+        self._metrics.leadership_ended()  # again: the run that was in flight may have set one
         if reason not in ("fenced", "znode_lost", "db_unreachable"):
             self._flush_watermark(election, token)
         self._role = "stopping" if reason in ("shutdown", "fatal") else "follower"
@@ -825,6 +855,7 @@ class Node:
             probe.join(interval)
             if probe.is_alive():
                 self._probe_unanswered(interval)
+            self._metrics.ready.set(int(self._ready()))
             advert = self._health.advert()
             election = self._election
             if advert != published and election is not None and self._guard.connected:
@@ -847,6 +878,7 @@ class Node:
             return
         unparsable = tuple(f"{c.znode} ({c.problem})" for c in queue.unparsable)
         ignored = tuple(f"{i.znode} ({i.reason})" for i in queue.ignored)
+        self._metrics.election_queue_length.set(len(queue.contenders))
         self._metrics.election_unparsable_znodes.set(len(unparsable))
         self._metrics.election_ignored_znodes.set(len(ignored))
         last_unparsable, last_ignored = self._election_findings
@@ -908,8 +940,9 @@ class Node:
             )
         self._health.probed(reading.offset_ms, agrees)
         self._metrics.database_reachable.set(1)
-        self._metrics.clock_offset_ms.set(reading.offset_ms)
+        self._metrics.clock_offset_seconds.set(reading.offset_ms / 1000)
         self._metrics.clock_skew.set(0 if agrees else 1)
+        self._pool_watch.maybe_read()  # here, not in the loop: a hung read is an unanswered probe
 
     def _check_clock_at_takeover(self) -> None:
         """One probe right after the takeover, so the first refill knows where it stands."""

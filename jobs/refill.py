@@ -1,9 +1,10 @@
 """Refill: keep the pool at its target by cutting blocks after the high-water mark.
 
 Rules:
-- Target = max(``pool.min_blocks``, claim rate x ``pool.runway_s``), capped at
-  ``pool.max_blocks``. Runs every ``pool.refill_interval_s`` and early when the sampler sees
-  the pool below ``pool.low_watermark_blocks``.
+- Target = max(``pool.min_blocks``, claim rate x the longer of ``pool.runway_s`` and the
+  runway a handover needs), capped at ``pool.max_blocks`` (:mod:`allocator.runway`). Runs
+  every ``pool.refill_interval_s`` and early when the sampler sees the pool below
+  ``pool.low_watermark_blocks``.
 - Blocks come from :func:`allocator.cutter.plan_blocks` (strictly after the mark, never ahead
   of the clock) and are written in batches, one statement each (``cut_blocks`` takes
   arrays); a run is bounded in time so leadership checks and other jobs are never starved.
@@ -34,11 +35,10 @@ Rules:
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 
-from allocator import cutter, logs
+from allocator import cutter, logs, runway
 from allocator.config import PoolConfig
 from allocator.errors import (
     BehindHighWaterError,
@@ -58,12 +58,6 @@ _NEVER_SET = threading.Event()
 MAX_BATCH_BLOCKS = 2000
 RUN_BUDGET_S = 2.0
 FLUSH_AFTER_S = 0.05
-
-
-def pool_target(pool: PoolConfig, claim_rate_blocks_per_s: float | None) -> int:
-    """How many available blocks the leader aims for."""
-    by_runway = math.ceil((claim_rate_blocks_per_s or 0.0) * pool.runway_s)
-    return min(max(pool.min_blocks, by_runway), pool.max_blocks)
 
 
 def run(ctx: LeaderContext) -> int:
@@ -94,9 +88,9 @@ def _refill(ctx: LeaderContext) -> int:
     config, term, db = ctx.config, ctx.term, ctx.db
     started = time.monotonic()
     status = db.pool_status()
-    ctx.metrics.pool_available_blocks.set(status.available_blocks)
-    if status.runway_s is not None:
-        ctx.metrics.pool_runway_seconds.set(status.runway_s)
+    ctx.metrics.pool_observed(
+        status.available_blocks, status.runway_s, status.claim_rate_blocks_per_s
+    )
     if ctx.hooks.database_went_back(status.high_water_id):
         # Restored or failed over to a standby that missed commits: blocks claimed since
         # read as unclaimed, so a requeue would hand them out again; nothing is written. The
@@ -108,7 +102,7 @@ def _refill(ctx: LeaderContext) -> int:
     ctx.hooks.health.write_succeeded()
     ahead_ms = max(0, status.mark_ahead_ms or 0)
     ctx.metrics.mark_ahead_seconds.set(ahead_ms / 1000)
-    need = pool_target(config.pool, status.claim_rate_blocks_per_s) - status.available_blocks
+    need = runway.target_blocks(config, status.claim_rate_blocks_per_s) - status.available_blocks
     if not _clock_agrees(ctx) or not _replication_allows_cutting(ctx) or need <= 0:
         ctx.metrics.refill_seconds.observe(time.monotonic() - started)
         return 0
@@ -165,7 +159,7 @@ def _clock_agrees(ctx: LeaderContext) -> bool:
     reading = ctx.db.read_clock(ctx.now_ms)
     agrees = not reading.disagrees(bound)
     ctx.hooks.health.clock_checked(agrees)
-    ctx.metrics.clock_offset_ms.set(reading.offset_ms)
+    ctx.metrics.clock_offset_seconds.set(reading.offset_ms / 1000)
     ctx.metrics.clock_skew.set(0 if agrees else 1)
     if not agrees:
         log.error(

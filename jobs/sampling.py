@@ -23,9 +23,9 @@ def run(ctx: LeaderContext) -> None:
     except DatabaseUnavailableError as exc:
         log.warning("sampling_failed", error=str(exc))
         return
-    ctx.metrics.pool_available_blocks.set(status.available_blocks)
-    if status.runway_s is not None:
-        ctx.metrics.pool_runway_seconds.set(status.runway_s)
+    ctx.metrics.pool_observed(
+        status.available_blocks, status.runway_s, status.claim_rate_blocks_per_s
+    )
     if status.available_blocks < ctx.config.pool.low_watermark_blocks:
         log.info("pool_low", available_blocks=status.available_blocks)
         ctx.wake_refill()

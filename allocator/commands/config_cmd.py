@@ -20,9 +20,10 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
+import psycopg
 
 from allocator import config as config_mod
-from allocator import errors, zkclient
+from allocator import errors, runway, sql, zkclient
 from allocator.commands.options import GROUP_CODES, OTHER, USAGE, exit_codes
 from allocator.db import Replication, read_replication
 from allocator.errors import AllocatorError, InvalidConfigError
@@ -86,13 +87,18 @@ def check(
         raise click.exceptions.Exit(exc.exit_code) from exc
     ends_at = format_utc_ms(loaded.layout.ends_at_ms)
     warnings, problems, replication = _replication_findings(loaded, probe_database)
-    warnings = zkclient.warnings(loaded) + warnings
+    claim_rate = _claim_rate(loaded) if replication is not None else None
+    warnings = zkclient.warnings(loaded) + runway.config_warnings(loaded) + warnings
+    if replication is not None and claim_rate is not None:
+        rate_warning = runway.rate_warning(loaded, claim_rate)
+        warnings += [rate_warning] if rate_warning else []
     if as_json:
         document = {
             "valid": not problems,
             "config": loaded.masked_dict(),
             "layout_ends_at": ends_at,
             "warnings": warnings,
+            "pool_coverage": runway.coverage(loaded),
         }
         if problems:
             document["errors"] = problems
@@ -108,10 +114,24 @@ def check(
             click.echo(f"warning: {warning}", err=True)
         if not problems:
             click.echo(f"\n# configuration is valid; the layout's time bits run out on {ends_at}")
+            click.echo(f"# {runway.coverage_line(loaded)}")
         for problem in problems:
             click.echo(f"error: {problem}", err=True)
     if problems:
         raise click.exceptions.Exit(InvalidConfigError.exit_code)
+
+
+def _claim_rate(loaded: config_mod.Config) -> float | None:
+    """The pool's current claim rate (blocks/s), or None if unknown or unreadable."""
+    try:
+        with psycopg.connect(
+            loaded.postgres.url.get_secret_value(),
+            connect_timeout=max(1, round(loaded.postgres.connect_timeout_s)),
+        ) as conn:
+            row = conn.execute(sql.POOL_STATUS).fetchone()
+    except psycopg.Error:
+        return None
+    return None if row is None else row[2]
 
 
 def _replication_findings(

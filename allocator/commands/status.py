@@ -12,7 +12,9 @@ ZooKeeper (no node can take it until an operator re-bases it) is one loud line i
 views, never buried in a table: it stops all cutting. Election znodes that are ignored for
 the order or whose data does not parse are shown (``election`` in the JSON), and
 step-down refuses a leader whose data does not parse rather than send the token to an
-address someone else wrote.
+address someone else wrote. ``status`` also states, by the configuration it was given,
+the runway a handover needs (:mod:`allocator.runway`), and warns on stderr when
+``pool.max_blocks`` cannot cover one at the measured claim rate.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import Any
 import click
 
 from allocator import config as config_mod
-from allocator import errors
+from allocator import errors, runway
 from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
 from allocator.commands.ranges import FiniteFloatRange
 from allocator.errors import AllocatorError, UsageError
@@ -59,6 +61,7 @@ def status(as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]) 
 
     config = config_mod.load_from_options(config_path, set_pairs)
     data = gather(config).to_json()
+    coverage_warning = _add_coverage(data, config)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -78,11 +81,14 @@ def status(as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]) 
     for line in fence_lines(data["fence"]):
         click.echo(line)
     pool = data["pool"]
-    runway = "unknown" if pool["runway_s"] is None else f"{pool['runway_s']:.0f} s"
+    runway_text = "unknown" if pool["runway_s"] is None else f"{pool['runway_s']:.0f} s"
     click.echo(
         f"pool        {pool['available_blocks']} blocks, {pool['available_ids']} IDs, "
-        f"runway {runway}, high-water mark {pool['high_water_id']}"
+        f"runway {runway_text} (a handover needs {pool['runway_needed_s']:g} s), "
+        f"high-water mark {pool['high_water_id']}"
     )
+    if coverage_warning:
+        click.echo(f"warning: {coverage_warning}", err=True)
     click.echo("handovers")
     for term in data["handovers"]:
         token = f"{term['generation']}:{term['epoch']:#x}"  # as the fence line and node logs
@@ -90,6 +96,19 @@ def status(as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]) 
             f"  {token:<20} {term['holder']:<16} elected {term['elected_at']}"
             f"  ended {term['ended_at'] or '-'} ({term['end_reason'] or 'leading'})"
         )
+
+
+def _add_coverage(data: dict[str, Any], config: config_mod.Config) -> str | None:
+    """Put what the pool must cover (by this configuration) into the status; the warning
+    when ``pool.max_blocks`` cannot cover a handover at the measured claim rate."""
+    pool = data["pool"]
+    pool.update(
+        runway_needed_s=runway.needed_runway_s(config),
+        covered_rate_blocks_per_s=round(runway.covered_rate_blocks_per_s(config), 1),
+    )
+    warning = runway.rate_warning(config, pool["claim_rate_blocks_per_s"])
+    pool["covers_handover"] = warning is None
+    return warning
 
 
 def _contender(contender: dict[str, Any]) -> str:

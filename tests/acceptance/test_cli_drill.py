@@ -48,9 +48,12 @@ end of the drill's rounds."""
 BROKEN_NODE_ENV = (
     "ALLOCATOR_POOL_REFILL_INTERVAL_S=0.2",
     "ALLOCATOR_POOL_RUNWAY_S=1",
+    "ALLOCATOR_POOL_MIN_BLOCKS=64",
+    "ALLOCATOR_POOL_HANDOVER_MARGIN_S=0",
 )
 """Small, frequent refills: the old and the new leader each top the pool up several times a
-second, so their writes interleave (one large refill each would mostly collide instead)."""
+second, so their writes interleave (one large refill each would mostly collide instead, and
+the shipped floor of 16,384 blocks would rarely need one)."""
 BROKEN_NODE_COMMAND = shlex.join(
     [sys.executable, "-m", "tests.chaos.unsafe_node", "--linger-s", str(LINGER_S)]
 )

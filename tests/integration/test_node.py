@@ -12,11 +12,8 @@ import itertools
 import json
 import os
 import stat
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import psycopg
 import pytest
@@ -25,74 +22,16 @@ from kazoo.exceptions import NoNodeError
 
 from allocator import session_file
 from allocator.commands.run import build_node
-from allocator.config import Config, load_config
+from allocator.config import load_config
 from allocator.errors import ConfigError
 from allocator.fence import Watermark, watermark_path
 from allocator.node import EXIT_CONFIG, EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node
 from jobs.context import wall_clock_ms
 from tests.fixtures import zk
+from tests.fixtures.nodes import DEADLINE_S, SESSION_TIMEOUT_MS, RunningNode, wait_for
 from tests.fixtures.pg import claim, take_fence
 
 pytestmark = pytest.mark.integration
-
-DEADLINE_S = 30.0
-SESSION_TIMEOUT_MS = 2000
-
-
-def wait_for(condition: Callable[[], Any], what: str, deadline_s: float = DEADLINE_S) -> Any:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-class RunningNode:
-    def __init__(self, node: Node) -> None:
-        self.node = node
-        self.exit_code: int | None = None
-        self.thread = threading.Thread(target=self._run, name=f"node-{node.name}", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        self.exit_code = self.node.run()
-
-    def stop(self) -> int | None:
-        self.node.request_stop()
-        self.thread.join(DEADLINE_S)
-        assert not self.thread.is_alive(), f"{self.node.name} did not stop"
-        return self.exit_code
-
-
-@pytest.fixture
-def make_node(db_url: str, zk_hosts: str) -> Iterator[Callable[..., RunningNode]]:
-    running: list[RunningNode] = []
-
-    def make(name: str, now_ms: Callable[[], int] = wall_clock_ms, **overrides: Any) -> RunningNode:
-        settings = {
-            "zookeeper.hosts": zk_hosts,
-            "zookeeper.auth": zk.ZK_AUTH,
-            "zookeeper.session_timeout_ms": SESSION_TIMEOUT_MS,
-            "postgres.url": db_url,
-            "node.name": name,
-            "node.admin_address": "127.0.0.1:0",
-            "pool.min_blocks": 40,
-            "pool.low_watermark_blocks": 10,
-            "pool.refill_interval_s": 0.2,
-            "pool.sample_interval_s": 0.5,
-            **overrides,
-        }
-        config: Config = load_config(None, settings, env={})
-        node = RunningNode(build_node(config, now_ms=now_ms))
-        running.append(node)
-        return node
-
-    yield make
-    for node in running:
-        if node.thread.is_alive():
-            node.stop()
 
 
 def fence(db_url: str) -> tuple[int, str | None]:
@@ -409,10 +348,15 @@ def test_admin_http_serves_metrics_health_status_and_guards_step_down(
     wait_for(lambda: b"allocator_is_leader 1.0" in _http(f"{base}/metrics")[1], "a to say it leads")
     assert _http(f"{base}/metrics")[0] == 200
     assert _http(f"{base}/healthz")[0] == 200
-    assert _http(f"{base}/readyz")[0] == 200
+    # ready once the pool reached pool.min_blocks (allocator.pool_watch)
+    wait_for(lambda: _http(f"{base}/readyz")[0] == 200, "a to be ready")
     status, body = _http(f"{base}/status")
     assert status == 200
-    assert json.loads(body)["role"] == "leader"
+    snapshot = json.loads(body)
+    assert snapshot["role"] == "leader"
+    assert snapshot["ready"] is True
+    assert snapshot["pool"]["available_blocks"] >= 40
+    assert snapshot["pool"]["runway_needed_s"] == SESSION_TIMEOUT_MS / 1000 + 5.0
     assert _http(f"{base}/step-down", "POST")[0] == 401
     assert _http(f"{base}/step-down", "POST", token="wrong")[0] == 403
     assert _http(f"{base}/nothing")[0] == 404

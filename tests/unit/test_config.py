@@ -68,6 +68,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "pool.sample_interval_s": ("1", 1.0),
     "pool.max_clock_ahead_ms": ("2000", 2000),
     "pool.max_clock_skew_ms": ("250", 250),
+    "pool.handover_margin_s": ("2.5", 2.5),
     "leader.db_unreachable_s": ("30", 30.0),
     "leader.clock_skew_handover_s": ("5.5", 5.5),
     "leader.probe_interval_s": ("2", 2.0),
@@ -165,10 +166,11 @@ BAD: list[tuple[str, str]] = [
     ("pool.runway_s", "-1"),
     ("pool.max_blocks", "10"),
     ("pool.low_watermark_blocks", "-1"),
-    ("pool.low_watermark_blocks", "64"),
+    ("pool.low_watermark_blocks", "16384"),  # not below the default min_blocks
     ("pool.refill_interval_s", "0"),
     ("pool.max_clock_behind_ms", "-1"),
     ("pool.retention_s", "0"),
+    ("pool.handover_margin_s", "-1"),
     ("pool.sample_interval_s", "inf"),
 ]
 # Where a bad value breaks a rule between two keys, the error names the dependent key.
@@ -212,8 +214,8 @@ def test_defaults() -> None:
     assert config.node.admin_address == "127.0.0.1:8470"
     assert (config.node.on_session_loss, config.node.log_format) == ("exit", "text")
     assert (config.pool.min_blocks, config.pool.max_blocks, config.pool.low_watermark_blocks) == (
-        64,
-        100_000,
+        16_384,
+        1_000_000,
         16,
     )
     assert config.pool.retention_s == 86_400

@@ -1,0 +1,103 @@
+"""Every node's own reading of the pool: the pool metrics and the node's readiness.
+
+Rules:
+- Every node, leader or not, reads ``allocator.pool_status`` itself, so the pool metrics
+  (:mod:`allocator.metrics`) do not depend on which node leads or whether one does. The node's
+  probe thread calls :meth:`PoolWatch.maybe_read` after each probe: it reads once per
+  ``pool.sample_interval_s``, and on every probe while the node is not ready yet (so
+  ``/readyz`` turns ready within a probe interval of the pool filling).
+- Ready (``/readyz`` 200) means: connected to ZooKeeper, the last probe reached the
+  database, and the pool can take a burst: it reached ``pool.min_blocks`` (the level the
+  leader keeps whatever the rate, sized for a cold-start burst) and has not run empty since.
+  The hysteresis keeps readiness from flapping while consumers draw the pool below the
+  floor between two refills; an empty pool makes the node unready until the floor is back.
+- A failed reading changes nothing but is logged once per outage; the probe already judges
+  the database's reachability.
+- Thread-safe: the probe thread reads, the admin server's threads ask :attr:`pool_ready`.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from allocator import logs, runway
+from allocator.config import Config
+from allocator.db import PoolStatus
+from allocator.errors import AllocatorError
+from allocator.metrics import NodeMetrics
+
+log = logs.get_logger(__name__)
+
+
+class PoolReader(Protocol):
+    def pool_status(self) -> PoolStatus: ...
+
+
+class PoolWatch:
+    def __init__(
+        self,
+        store: PoolReader,
+        config: Config,
+        metrics: NodeMetrics,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._store = store
+        self._floor = config.pool.min_blocks
+        self._interval_s = config.pool.sample_interval_s
+        self._metrics = metrics
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._read_at: float | None = None
+        self._pool_ready = False
+        self._failing = False
+        self.last: PoolStatus | None = None
+        metrics.pool_runway_needed_seconds.set(runway.needed_runway_s(config))
+
+    @property
+    def pool_ready(self) -> bool:
+        with self._lock:
+            return self._pool_ready
+
+    def maybe_read(self) -> None:
+        """Read the pool if a reading is due (module rules)."""
+        with self._lock:
+            due = (
+                not self._pool_ready
+                or self._read_at is None
+                or self._clock() - self._read_at >= self._interval_s
+            )
+        if due:
+            self.read()
+
+    def read(self) -> PoolStatus | None:
+        """One reading: metrics and readiness; None if the database did not answer."""
+        try:
+            status = self._store.pool_status()
+        except AllocatorError as exc:
+            if not self._failing:
+                log.warning("pool_read_failed", error=str(exc))
+            self._failing = True
+            return None
+        self._failing = False
+        self._metrics.pool_observed(
+            status.available_blocks, status.runway_s, status.claim_rate_blocks_per_s
+        )
+        with self._lock:
+            self._read_at = self._clock()
+            self.last = status
+            was_ready = self._pool_ready
+            if status.available_blocks >= self._floor:
+                self._pool_ready = True
+            elif status.available_blocks == 0:
+                self._pool_ready = False
+            now_ready = self._pool_ready
+        if now_ready != was_ready:
+            log.info(
+                "pool_ready" if now_ready else "pool_drained",
+                available_blocks=status.available_blocks,
+                min_blocks=self._floor,
+            )
+        return status
