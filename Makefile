@@ -7,12 +7,15 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
 
-.PHONY: all demo test lint unit integration system-deps venv clean
+.PHONY: all demo test lint unit integration system-deps test-deps venv clean
 
 all: test
 
 system-deps:
 	@bash scripts/install-system-deps.sh
+
+test-deps:
+	@bash scripts/install-system-deps.sh --tests
 
 venv: $(VENV)/.installed
 
@@ -27,7 +30,7 @@ lint: venv
 	$(BIN)/ruff format --check allocator jobs migrations tests
 	$(BIN)/mypy --strict allocator jobs
 
-test: system-deps venv lint
+test: test-deps venv lint
 	$(BIN)/pytest $(PYTEST_ARGS)
 
 unit: venv
