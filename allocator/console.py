@@ -4,10 +4,10 @@ saying how to install the node's dependencies when they are missing.
 Rules:
 
 - ``pip install allocator`` is the client-only install (:mod:`allocator.client` and what it
-  needs: psycopg and psycopg-pool); the CLI, the node and everything else need the ``node``
-  extra (``pip install 'allocator[node]'``). The console script is installed either way, so
-  here a missing third-party module ends in one line on stderr and exit 69 (EX_UNAVAILABLE,
-  a missing prerequisite, as for the node) instead of a traceback.
+  needs: psycopg, psycopg-pool and structlog); the CLI, the node and everything else need
+  the ``node`` extra (``pip install 'allocator[node]'``). The console script is installed
+  either way, so here a missing third-party module ends in one line on stderr and exit 69
+  (EX_UNAVAILABLE, a missing prerequisite, as for the node) instead of a traceback.
 - Only a missing module outside ``allocator`` is explained; a missing ``allocator`` module
   (a broken install) and every other import error propagate unchanged.
 - Imports nothing at module level beyond the standard library.

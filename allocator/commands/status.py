@@ -25,6 +25,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from datetime import UTC, datetime
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
 
@@ -323,9 +324,14 @@ def step_down(
         with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
             body = json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as exc:
-        raise AllocatorError(
-            f"leader {leader.name} refused: HTTP {exc.code} {exc.read()!r}"
-        ) from exc
+        with exc:  # its socket
+            answer = _error_of(exc.read())
+        if exc.code == HTTPStatus.CONFLICT:
+            raise AllocatorError(
+                f"{leader.name} no longer leads (HTTP 409): the election moved on; see "
+                "`allocator status`"
+            ) from None  # the code says it all; the cause would only repeat it
+        raise AllocatorError(f"leader {leader.name} refused: HTTP {exc.code} ({answer})") from None
     except OSError as exc:
         raise AllocatorError(
             f"cannot reach leader {leader.name} at {leader.admin_address}"
@@ -338,7 +344,24 @@ def step_down(
         }
         click.echo(json.dumps(document))
     else:
-        click.echo(f"{leader.name} is stepping down: {body}")
+        click.echo(
+            f"{leader.name} is stepping down ({leader.admin_address}); the next node in the "
+            "queue takes over"
+        )
+
+
+def _error_of(raw: bytes) -> str:
+    """The admin server's one-line answer (``{"error": ...}``), or its text, shortened."""
+    try:
+        answer = json.loads(raw)
+    except ValueError:
+        answer = None
+    if isinstance(answer, dict) and isinstance(answer.get("error"), str):
+        text = answer["error"]
+    else:
+        text = raw.decode("utf-8", errors="replace")
+    text = " ".join(text.split())
+    return text[:200] or "no answer body"
 
 
 def _watch_election(election: dict[str, Any], last: list[str], emit: Emit) -> list[str]:
