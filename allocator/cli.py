@@ -9,7 +9,9 @@ unexpected exception's traceback too) and every log line has its secrets masked
 (:mod:`allocator.redact`). kazoo's own log is quiet below ERROR in every command but
 ``run`` (a node logs its reconnects): its retry chatter, a WARNING per refused connection,
 never comes before a command's one error line, which says the same. Every command's
-``--help`` ends with its exit codes (:func:`allocator.commands.options.exit_codes`).
+``--help`` ends with its exit codes (:func:`allocator.commands.options.exit_codes`). A
+reader that goes away (``allocator status | head``) is no bug: click ends the command
+quietly (exit 1).
 
 Every option that matters in production can also be set through an ``ALLOCATOR_*``
 environment variable (``auto_envvar_prefix``: ``ALLOCATOR_<COMMAND>_<OPTION>``), shown in
@@ -78,6 +80,8 @@ class _Group(click.Group):
             raise click.ClickException(safe) from None
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except BrokenPipeError:
+            raise  # the reader went away (`| head`): click ends quietly (exit 1), not a bug
         except Exception:
             # A bug: the traceback helps, but a driver's message in it may echo a secret.
             click.echo(redact.redact(traceback.format_exc()).rstrip(), err=True)

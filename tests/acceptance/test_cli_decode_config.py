@@ -244,3 +244,21 @@ def test_config_check_database_unreachable_is_a_problem(unused_tcp_port: int) ->
     result = run("config", "check", "--database", env={"ALLOCATOR_POSTGRES_URL": url})
     assert result.returncode == EX_CONFIG
     assert "error: postgres.url: cannot check replication" in result.stderr
+
+
+def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
+    """``allocator config check | head -1``: the reader is gone before the command writes;
+    click's quiet exit, never a traceback ("a bug")."""
+    base = {key: value for key, value in os.environ.items() if not key.startswith("ALLOCATOR_")}
+    with subprocess.Popen(
+        [sys.executable, "-m", "allocator.cli", "config", "check"],
+        env=base,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    ) as process:
+        assert process.stdout is not None
+        process.stdout.close()  # long before the interpreter has started and writes
+        _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 1
+    assert b"Traceback" not in stderr
+    assert b"BrokenPipeError" not in stderr
