@@ -4,7 +4,8 @@ every bench computes the same way.
 Rules: the superuser URL is only used for the bench's own databases (created and dropped by
 name, never the allocator's); claims log in as a role granted ``allocator_consumer`` (the
 embedded ``allocator_app``) or as the superuser with ``role=allocator_consumer``.
-Percentiles are nearest-rank.
+Percentiles are nearest-rank. A server that cannot be reached is one error line, as for
+every command.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
+from allocator import db_errors
 from allocator.errors import AllocatorError, PrerequisiteError
 
 CONSUMER_GROUP = "allocator_consumer"
@@ -88,7 +90,12 @@ def with_database(url: str, database: str) -> str:
 
 
 def admin(server: Server) -> psycopg.Connection[tuple[Any, ...]]:
-    return psycopg.connect(server.url("postgres"), autocommit=True, connect_timeout=10)
+    """A superuser connection to the server's ``postgres`` database; a server that does not
+    answer is :class:`~allocator.errors.DatabaseUnavailableError` (one line, exit 75)."""
+    try:
+        return psycopg.connect(server.url("postgres"), autocommit=True, connect_timeout=10)
+    except psycopg.Error as exc:
+        raise db_errors.translate(exc, "connect to the bench's PostgreSQL server") from exc
 
 
 def drop_database(server: Server, name: str) -> None:
