@@ -646,6 +646,13 @@ def read_replication(
     )
 
 
+def read_pool_status(
+    url: str, *, connect_timeout_s: float = STATUS_CONNECT_TIMEOUT_S
+) -> PoolStatus:
+    """``allocator.pool_status`` at ``url`` (every role may read it)."""
+    return _one_row(url, "read the pool status", sql.POOL_STATUS, {}, PoolStatus, connect_timeout_s)
+
+
 def read_status(
     url: str,
     *,

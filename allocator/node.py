@@ -583,6 +583,7 @@ class Node:
                 on_fatal=self._on_fatal,
                 database_went_back=self._database_went_back,
                 cut_recorded=self._record_cut,
+                pool_read=self._pool_watch.observe,
             ),
         )
         reason = self._watch_term(term, election)

@@ -5,7 +5,9 @@ Rules:
   (:mod:`allocator.metrics`) do not depend on which node leads or whether one does. The node's
   probe thread calls :meth:`PoolWatch.maybe_read` after each probe: it reads once per
   ``pool.sample_interval_s``, and on every probe while the node is not ready yet (so
-  ``/readyz`` turns ready within a probe interval of the pool filling).
+  ``/readyz`` turns ready within a probe interval of the pool filling). A leader's jobs hand
+  it the readings they make anyway (:meth:`PoolWatch.observe`, through
+  :class:`allocator.ports.LeaderHooks`), so a leader does not read the pool once more.
 - Ready (``/readyz`` 200) means: connected to ZooKeeper, the last probe reached the
   database, and the pool can take a burst: it reached ``pool.min_blocks`` (the level the
   leader keeps whatever the rate, sized for a cold-start burst) and has not run empty since.
@@ -82,6 +84,13 @@ class PoolWatch:
             self._failing = True
             return None
         self._failing = False
+        self.observe(status)
+        return status
+
+    def observe(self, status: PoolStatus) -> None:
+        """A reading of ``pool_status`` made here or by the leader's jobs (which read it on
+        every refill and sample anyway): metrics, readiness, and no reading of our own until
+        the next one is due."""
         self._metrics.pool_observed(
             status.available_blocks, status.runway_s, status.claim_rate_blocks_per_s
         )
@@ -100,4 +109,3 @@ class PoolWatch:
                 available_blocks=status.available_blocks,
                 min_blocks=self._floor,
             )
-        return status

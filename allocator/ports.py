@@ -55,6 +55,8 @@ class LeaderHooks:
     """Given the database's high-water mark: True (reported) if it lies below ZooKeeper's
     watermark, i.e. the database went backwards; the job then writes nothing."""
     cut_recorded: Callable[[int], None] = lambda high_water_id: None
+    pool_read: Callable[[PoolStatus], None] = lambda status: None
+    """A reading of ``pool_status`` a job made: the node's pool metrics and readiness."""
     """The mark after a committed cut: the node raises ZooKeeper's watermark (rate-limited)."""
 
 

@@ -88,9 +88,7 @@ def _refill(ctx: LeaderContext) -> int:
     config, term, db = ctx.config, ctx.term, ctx.db
     started = time.monotonic()
     status = db.pool_status()
-    ctx.metrics.pool_observed(
-        status.available_blocks, status.runway_s, status.claim_rate_blocks_per_s
-    )
+    ctx.hooks.pool_read(status)
     if ctx.hooks.database_went_back(status.high_water_id):
         # Restored or failed over to a standby that missed commits: blocks claimed since
         # read as unclaimed, so a requeue would hand them out again; nothing is written. The
@@ -180,24 +178,19 @@ def _replication_allows_cutting(ctx: LeaderContext) -> bool:
     ctx.metrics.async_replication.set(int(asynchronous))
     if not asynchronous:
         return True
+    fields = {
+        "epoch": ctx.term.epoch,
+        "standbys": replication.standbys,
+        "synchronous_standbys": replication.synchronous_standbys,
+        "synchronous_standby_names": replication.synchronous_standby_names,
+        "synchronous_commit": replication.synchronous_commit,
+    }
     if ctx.config.postgres.allow_async_replication:
-        log.warning(
-            "async_replication",
-            epoch=ctx.term.epoch,
-            standbys=replication.standbys,
-            synchronous_standbys=replication.synchronous_standbys,
-            synchronous_standby_names=replication.synchronous_standby_names,
-            synchronous_commit=replication.synchronous_commit,
-            note="cutting anyway (allowed)",
-        )
+        log.warning("async_replication", **fields, note="cutting anyway (allowed)")
         return True
     log.error(
         "async_replication",
-        epoch=ctx.term.epoch,
-        standbys=replication.standbys,
-        synchronous_standbys=replication.synchronous_standbys,
-        synchronous_standby_names=replication.synchronous_standby_names,
-        synchronous_commit=replication.synchronous_commit,
+        **fields,
         note="not cutting; a failover could lose acknowledged claims (make a standby "
         "synchronous, or set postgres.allow_async_replication)",
     )

@@ -1,5 +1,6 @@
-"""Pool sampling: record the ticket positions for the claim rate, export the pool gauges,
-and wake the refill job early when the pool falls below its low watermark.
+"""Pool sampling: record the ticket positions for the claim rate, hand the reading to the
+node (its pool gauges and readiness), and wake the refill job early when the pool falls
+below its low watermark.
 
 Rules: the sample is not a block write (it fences nothing), but only the leader samples so
 the rate is not counted twice; it never waits on ``busy`` (refill may hold it).
@@ -23,9 +24,7 @@ def run(ctx: LeaderContext) -> None:
     except DatabaseUnavailableError as exc:
         log.warning("sampling_failed", error=str(exc))
         return
-    ctx.metrics.pool_observed(
-        status.available_blocks, status.runway_s, status.claim_rate_blocks_per_s
-    )
+    ctx.hooks.pool_read(status)
     if status.available_blocks < ctx.config.pool.low_watermark_blocks:
         log.info("pool_low", available_blocks=status.available_blocks)
         ctx.wake_refill()

@@ -10,7 +10,24 @@ from __future__ import annotations
 
 import click
 
-from allocator.commands.options import GROUP_CODES, exit_codes
+from allocator.commands.options import (
+    EMBEDDED_CLUSTER,
+    GROUP_CODES,
+    INTERRUPTED,
+    OTHER,
+    USAGE,
+    ExitCode,
+    exit_codes,
+)
+
+BENCH_CODES: tuple[ExitCode, ...] = (
+    (0, "measured: the table (or JSON) printed and the JSON written; timings are never judged"),
+    USAGE,
+    INTERRUPTED,
+    OTHER,
+    *EMBEDDED_CLUSTER,
+)
+"""Every bench's exit codes (each may start an embedded cluster of its own)."""
 
 
 @click.group("bench", epilog=exit_codes(*GROUP_CODES))

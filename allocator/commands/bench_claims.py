@@ -26,14 +26,8 @@ from allocator.bench import kit
 from allocator.bench.claims import report, runner
 from allocator.bench.claims.plan import Plan
 from allocator.commands import options
-from allocator.commands.bench import bench
+from allocator.commands.bench import BENCH_CODES, bench
 from allocator.commands.options import (
-    INTERRUPTED,
-    OTHER,
-    PORT_IN_USE,
-    PREREQUISITE,
-    SERVER_START,
-    USAGE,
     exit_codes,
 )
 
@@ -52,15 +46,7 @@ def _counts(text: str, option: str, upper: int) -> tuple[int, ...]:
 
 @bench.command(
     "claims",
-    epilog=exit_codes(
-        (0, "measured: the table (or JSON) printed and the JSON written; timings are never judged"),
-        USAGE,
-        INTERRUPTED,
-        OTHER,
-        PREREQUISITE,
-        SERVER_START,
-        PORT_IN_USE,
-    ),
+    epilog=exit_codes(*BENCH_CODES),
 )
 @click.option(
     "--clients",

@@ -26,14 +26,8 @@ from allocator.bench import kit
 from allocator.bench.client import report, runner
 from allocator.bench.client.runner import DEFAULT_POOL_BLOCKS
 from allocator.commands import options
-from allocator.commands.bench import bench
+from allocator.commands.bench import BENCH_CODES, bench
 from allocator.commands.options import (
-    INTERRUPTED,
-    OTHER,
-    PORT_IN_USE,
-    PREREQUISITE,
-    SERVER_START,
-    USAGE,
     exit_codes,
 )
 from allocator.commands.ranges import FiniteFloatRange
@@ -43,15 +37,7 @@ DEFAULT_STATE_DIR = Path(".run/bench")
 
 @bench.command(
     "client",
-    epilog=exit_codes(
-        (0, "measured: the table (or JSON) printed and the JSON written; timings are never judged"),
-        USAGE,
-        INTERRUPTED,
-        OTHER,
-        PREREQUISITE,
-        SERVER_START,
-        PORT_IN_USE,
-    ),
+    epilog=exit_codes(*BENCH_CODES),
 )
 @options.database_url_option(
     help="A running allocator's database (role granted allocator_consumer). "

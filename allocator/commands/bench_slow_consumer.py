@@ -27,14 +27,8 @@ from allocator.bench import kit
 from allocator.bench.slow_consumer import report, runner
 from allocator.bench.slow_consumer.plan import HEAD, OLD_REVISION, Plan
 from allocator.commands import options
-from allocator.commands.bench import bench
+from allocator.commands.bench import BENCH_CODES, bench
 from allocator.commands.options import (
-    INTERRUPTED,
-    OTHER,
-    PORT_IN_USE,
-    PREREQUISITE,
-    SERVER_START,
-    USAGE,
     exit_codes,
 )
 
@@ -43,15 +37,7 @@ DEFAULT_STATE_DIR = Path(".run/bench-slow-consumer")
 
 @bench.command(
     "slow-consumer",
-    epilog=exit_codes(
-        (0, "measured: the table (or JSON) printed and the JSON written; timings are never judged"),
-        USAGE,
-        INTERRUPTED,
-        OTHER,
-        PREREQUISITE,
-        SERVER_START,
-        PORT_IN_USE,
-    ),
+    epilog=exit_codes(*BENCH_CODES),
 )
 @click.option(
     "--claims",

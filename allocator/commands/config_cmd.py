@@ -20,12 +20,11 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
-import psycopg
 
 from allocator import config as config_mod
-from allocator import errors, runway, sql, zkclient
+from allocator import errors, runway, zkclient
 from allocator.commands.options import GROUP_CODES, OTHER, USAGE, exit_codes
-from allocator.db import Replication, read_replication
+from allocator.db import Replication, read_pool_status, read_replication
 from allocator.errors import AllocatorError, InvalidConfigError
 from allocator.layout import format_utc_ms
 
@@ -124,14 +123,13 @@ def check(
 def _claim_rate(loaded: config_mod.Config) -> float | None:
     """The pool's current claim rate (blocks/s), or None if unknown or unreadable."""
     try:
-        with psycopg.connect(
+        status = read_pool_status(
             loaded.postgres.url.get_secret_value(),
-            connect_timeout=max(1, round(loaded.postgres.connect_timeout_s)),
-        ) as conn:
-            row = conn.execute(sql.POOL_STATUS).fetchone()
-    except psycopg.Error:
+            connect_timeout_s=loaded.postgres.connect_timeout_s,
+        )
+    except AllocatorError:
         return None
-    return None if row is None else row[2]
+    return status.claim_rate_blocks_per_s
 
 
 def _replication_findings(

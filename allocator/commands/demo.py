@@ -28,10 +28,8 @@ import click
 
 from allocator.commands.local import render
 from allocator.commands.options import (
+    EMBEDDED_CLUSTER,
     OTHER,
-    PORT_IN_USE,
-    PREREQUISITE,
-    SERVER_START,
     USAGE,
     exit_codes,
 )
@@ -72,9 +70,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
         (1, "an invariant was violated (each named), or no leader or no block in time"),
         USAGE,
         OTHER,
-        PREREQUISITE,
-        SERVER_START,
-        PORT_IN_USE,
+        *EMBEDDED_CLUSTER,
     ),
 )
 @click.option(

@@ -27,11 +27,9 @@ from allocator import verify
 from allocator.commands import options
 from allocator.commands.options import (
     CONFIG,
+    EMBEDDED_CLUSTER,
     INTERRUPTED,
     OTHER,
-    PORT_IN_USE,
-    PREREQUISITE,
-    SERVER_START,
     USAGE,
     exit_codes,
 )
@@ -72,9 +70,7 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
         OTHER,
         (2, "a scenario the target cannot run"),
         USAGE,
-        PREREQUISITE,
-        SERVER_START,
-        PORT_IN_USE,
+        *EMBEDDED_CLUSTER,
         (CONFIG[0], "with --config: invalid configuration"),
     ),
 )

@@ -33,12 +33,10 @@ import click
 
 from allocator.commands import options
 from allocator.commands.options import (
+    EMBEDDED_CLUSTER,
     NO_LOCAL_CLUSTER,
     OK,
     OTHER,
-    PORT_IN_USE,
-    PREREQUISITE,
-    SERVER_START,
     USAGE,
     exit_codes,
 )
@@ -57,8 +55,6 @@ _state_dir_option = options.state_dir_option(
     envvar=STATE_DIR_ENV,
 )
 _json_option = options.json_option(help="Print one JSON object.")
-_STARTS = (SERVER_START, PORT_IN_USE)
-"""What starting a recorded server may fail with."""
 
 
 @click.group("local", epilog=exit_codes(*options.GROUP_CODES))
@@ -73,8 +69,7 @@ def local() -> None:
         USAGE,
         (1, "the record does not allow the request (another --zk or --tick-ms than recorded)"),
         OTHER,
-        PREREQUISITE,
-        *_STARTS,
+        *EMBEDDED_CLUSTER,
     ),
 )
 @options.zk_servers_option(
@@ -288,9 +283,7 @@ def zk_stop(server_id: int, graceful: bool, state_dir: Path, as_json: bool) -> N
     _done(as_json, text, "zk-stop", cluster, zk_server=server_id, signal=sent, running=False)
 
 
-@local.command(
-    "zk-start", epilog=exit_codes(OK, USAGE, NO_LOCAL_CLUSTER, OTHER, PREREQUISITE, *_STARTS)
-)
+@local.command("zk-start", epilog=exit_codes(OK, USAGE, NO_LOCAL_CLUSTER, OTHER, *EMBEDDED_CLUSTER))
 @click.argument("server_id", metavar="ID", type=int)
 @_state_dir_option
 @_json_option
@@ -343,9 +336,7 @@ def pg_failover(state_dir: Path, as_json: bool) -> None:
     click.echo(f"PostgreSQL primary killed; the standby on port {info.postgres.port} promoted")
 
 
-@local.command(
-    "pg-start", epilog=exit_codes(OK, USAGE, NO_LOCAL_CLUSTER, OTHER, PREREQUISITE, *_STARTS)
-)
+@local.command("pg-start", epilog=exit_codes(OK, USAGE, NO_LOCAL_CLUSTER, OTHER, *EMBEDDED_CLUSTER))
 @_state_dir_option
 @_json_option
 def pg_start(state_dir: Path, as_json: bool) -> None:

@@ -88,6 +88,9 @@ NO_LOCAL_CLUSTER: ExitCode = (
     errors.LocalClusterError.exit_code,
     "no cluster recorded in the state folder (or not a valid record)",
 )
+EMBEDDED_CLUSTER: tuple[ExitCode, ...] = (PREREQUISITE, SERVER_START, PORT_IN_USE)
+"""What starting an embedded cluster (``local up``, ``demo``, a drill's or bench's own) can
+end in."""
 GROUP_CODES: tuple[ExitCode, ...] = (
     (0, "those of the subcommand"),
     (errors.UsageError.exit_code, "no such subcommand, or bad options"),

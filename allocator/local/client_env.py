@@ -25,14 +25,13 @@ Rules:
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from allocator import config as config_mod
+from allocator import files
 from allocator.errors import LocalClusterError
 from allocator.local.cluster import SECRETS_DIR, ClusterInfo
 
@@ -109,13 +108,4 @@ def write_secret(path: Path, value: str) -> Path:
             return path
     path.parent.mkdir(mode=0o700, exist_ok=True)
     path.parent.chmod(0o700)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")  # mode 0600
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    return path
+    return files.write_atomic(path, text.encode("utf-8"), mode=files.PRIVATE_MODE)

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import re
 import subprocess
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 import pytest
-from psycopg import sql
 
-from tests.fixtures.pg import cut, take_fence, url_for_user
+from tests.fixtures.pg import consumer_login, cut, take_fence
 
 pytestmark = pytest.mark.integration
 
@@ -29,16 +27,11 @@ def psql_snippet() -> str:
 
 @pytest.fixture
 def consumer_url(db_url: str) -> Iterator[str]:
-    name = f"guide_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(db_url, autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("CREATE ROLE {} LOGIN IN ROLE allocator_consumer").format(sql.Identifier(name))
-        )
         take_fence(admin, 5)
         cut(admin, 5, [(1 << 22, (1 << 22) + 4095)])
-    yield url_for_user(db_url, name)
-    with psycopg.connect(db_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+    with consumer_login(db_url, "guide") as url:
+        yield url
 
 
 def test_the_psql_snippet_claims_a_block(consumer_url: str) -> None:

@@ -26,7 +26,6 @@ import subprocess
 import sys
 import textwrap
 import tomllib
-import uuid
 import venv
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -37,9 +36,8 @@ import psycopg
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
-from psycopg import sql
 
-from tests.fixtures.pg import cut, take_fence, url_for_user
+from tests.fixtures.pg import consumer_login, cut, take_fence
 
 pytestmark = pytest.mark.integration
 
@@ -173,16 +171,11 @@ def test_the_console_script_says_how_to_install_the_node(client_env: ClientOnlyE
 
 @pytest.fixture
 def consumer_url(db_url: str) -> Iterator[str]:
-    name = f"client_only_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(db_url, autocommit=True) as admin:
-        admin.execute(
-            sql.SQL("CREATE ROLE {} LOGIN IN ROLE allocator_consumer").format(sql.Identifier(name))
-        )
         take_fence(admin, 5)
         cut(admin, 5, [(1 << 22, (1 << 22) + 4095), (1 << 23, (1 << 23) + 4095)])
-    yield url_for_user(db_url, name)
-    with psycopg.connect(db_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(name)))
+    with consumer_login(db_url, "client_only") as url:
+        yield url
 
 
 def test_id_client_claims_from_postgres_with_only_its_dependencies(

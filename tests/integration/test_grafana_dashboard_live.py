@@ -12,58 +12,16 @@ from __future__ import annotations
 
 import math
 import subprocess
-import threading
-import time
 import urllib.request
-from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from allocator.commands.run import build_node
-from allocator.config import load_config
-from allocator.node import Node
 from tests import grafana_dashboard as gd
-from tests.fixtures import zk
+from tests.fixtures.nodes import MakeNode, wait_for
 
 pytestmark = pytest.mark.integration
-
-DEADLINE_S = 30.0
-
-
-def wait_for(condition: Callable[[], Any], what: str) -> Any:
-    end = time.monotonic() + DEADLINE_S
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-@pytest.fixture
-def leader(db_url: str, zk_hosts: str) -> Iterator[Node]:
-    settings: dict[str, Any] = {
-        "zookeeper.hosts": zk_hosts,
-        "zookeeper.auth": zk.ZK_AUTH,
-        "zookeeper.session_timeout_ms": 2000,
-        "postgres.url": db_url,
-        "node.name": "a",
-        "node.admin_address": "127.0.0.1:0",
-        "pool.min_blocks": 40,
-        "pool.low_watermark_blocks": 10,
-        "pool.refill_interval_s": 0.2,
-        "pool.sample_interval_s": 0.5,
-    }
-    node = build_node(load_config(None, settings, env={}))
-    thread = threading.Thread(target=node.run, name="node-a", daemon=True)
-    thread.start()
-    yield node
-    node.request_stop()
-    thread.join(DEADLINE_S)
-    assert not thread.is_alive(), "the node did not stop"
 
 
 def _scrape(url: str) -> str:
@@ -73,8 +31,9 @@ def _scrape(url: str) -> str:
 
 
 def test_a_live_nodes_metrics_pass_promtool_and_hold_what_the_dashboard_reads(
-    leader: Node, tmp_path: Path
+    make_node: MakeNode, tmp_path: Path
 ) -> None:
+    leader = make_node("a").node
     registry = leader.metrics.registry
 
     def settled() -> bool:

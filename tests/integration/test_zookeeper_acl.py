@@ -9,10 +9,8 @@ ephemeral entry with garbage data) changes nobody's place and is reported.
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -26,22 +24,13 @@ from allocator.config import Config, load_config
 from allocator.node import Node
 from allocator.status import gather
 from tests.fixtures import zk
+from tests.fixtures.nodes import wait_for
 
 pytestmark = pytest.mark.integration
 
 DEADLINE_S = 30.0
 USER, PASSWORD = zk.ZK_AUTH.split(":", 1)
 OURS = make_digest_acl(USER, PASSWORD, all=True)
-
-
-def wait_for(condition: Callable[[], Any], what: str) -> Any:
-    end = time.monotonic() + DEADLINE_S
-    while time.monotonic() < end:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def node_config(zk_hosts: str, db_url: str, **overrides: object) -> Config:

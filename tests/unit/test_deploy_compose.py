@@ -40,13 +40,10 @@ import pytest
 import yaml
 
 from allocator.config import (
-    CONFIG_PATH_ENV,
-    KEYS,
-    SECRET_KEYS,
-    env_name,
     load_config,
     secret_file_env,
 )
+from tests.deploy_env import NODE_VARIABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_DIR = ROOT / "deploy" / "compose"
@@ -54,12 +51,7 @@ COMPOSE_FILE = COMPOSE_DIR / "docker-compose.yml"
 SECRETS = COMPOSE_DIR / "secrets"
 DOCKERFILE = ROOT / "Dockerfile"
 SCHEMA_DIR = ROOT / "tests" / "schemas" / "compose-spec"
-ALLOWED_ENV = (
-    {env_name(key) for key in KEYS}
-    | {secret_file_env(key) for key in SECRET_KEYS}
-    | {CONFIG_PATH_ENV}
-)
-"""What an ALLOCATOR_* variable may be: a key's, a secret file's, or the config file's."""
+ALLOWED_ENV = NODE_VARIABLES
 SECRETS_MOUNT = "/run/secrets/"
 
 

@@ -39,11 +39,11 @@ from allocator import cli
 from allocator.config import (
     CONFIG_PATH_ENV,
     KEYS,
-    SECRET_KEYS,
     env_name,
     load_config,
     secret_file_env,
 )
+from tests.deploy_env import NODE_VARIABLES
 
 ROOT = Path(__file__).resolve().parents[2]
 KIT = ROOT / "deploy" / "systemd"
@@ -233,8 +233,7 @@ def test_example_config_passes_config_check_as_the_node_unit_gives_it(
 
 
 def test_every_allocator_variable_in_the_kit_is_a_real_name() -> None:
-    real = {CONFIG_PATH_ENV} | {env_name(key) for key in KEYS}
-    real |= {secret_file_env(key) for key in SECRET_KEYS}
+    real = NODE_VARIABLES
     for path in sorted(KIT.iterdir()):
         used = set(VARIABLE.findall(path.read_text()))
         assert used <= real, f"{path.name}: {sorted(used - real)}"
