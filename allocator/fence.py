@@ -25,12 +25,16 @@ Rules (DESIGN §3, §11):
   from a backup, a failover to a standby that missed commits): nodes then neither take the
   fence nor cut, report it and wait for an operator. A watermark that does not parse is
   reported and ignored: it cannot make a node refuse to lead.
+- Every number read from ZooKeeper must fit the database's ``bigint`` (:data:`BIGINT_MAX`);
+  one that does not is unparsable. One bad write must not block every node for good (the
+  watermark is never lowered) nor overflow a reset's arithmetic.
 """
 
 from __future__ import annotations
 
 import json
 import posixpath
+import re
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -38,6 +42,9 @@ GENERATION_ZNODE = "fence-generation"
 """Name of the znode beside the election path whose data is the fence generation."""
 WATERMARK_ZNODE = "db-watermark"
 """Name of the znode beside the election path holding the :class:`Watermark`."""
+BIGINT_MAX = 2**63 - 1
+"""The largest value of PostgreSQL's ``bigint``: the bound of every number read here."""
+_DECIMAL = re.compile(r"[0-9]+")
 
 
 class Token(NamedTuple):
@@ -59,15 +66,21 @@ def generation_path(election_path: str) -> str:
 def parse_generation(data: bytes | None) -> int:
     """The generation stored in the generation znode's data; 0 for no znode.
 
-    Raises ``ValueError`` for data that is not a non-negative decimal integer: a node must
-    not guess a generation (it would fence itself out, or worse, in).
+    Raises ``ValueError`` for data that is not a decimal integer in ``0..BIGINT_MAX``: a
+    node must not guess a generation (it would fence itself out, or worse, in).
     """
     if data is None:
         return 0
     text = data.decode("ascii", "replace").strip()
-    if not text.isdigit() or len(text) > 19:
+    if not _DECIMAL.fullmatch(text):
         raise ValueError(f"the fence generation znode holds {data[:40]!r}, not a number")
-    return int(text)
+    digits = text.lstrip("0") or "0"
+    if len(digits) > 19 or int(digits) > BIGINT_MAX:
+        raise ValueError(
+            f"the fence generation znode holds {data[:40]!r}, past the largest generation "
+            f"({BIGINT_MAX})"
+        )
+    return int(digits)
 
 
 def ahead_of_zookeeper(fence: Token, zk_generation: int, zk_pzxid: int) -> bool:
@@ -117,7 +130,7 @@ class Watermark:
         """Parse the znode's data; ``ValueError`` for anything but our JSON object."""
         try:
             raw = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        except (ValueError, RecursionError) as exc:  # ValueError: also a number too long
             raise ValueError(f"the watermark znode holds {data[:60]!r}, not JSON") from exc
         if not isinstance(raw, dict):
             raise ValueError(f"the watermark znode holds {data[:60]!r}, not a JSON object")
@@ -125,7 +138,12 @@ class Watermark:
         if not all(type(v) is int for v in values):
             raise ValueError(f"the watermark znode holds {data[:60]!r}: integers expected")
         generation, epoch, high_water_id = (int(v) for v in values)  # type: ignore[arg-type]
-        if generation < 0 or epoch < 0 or high_water_id < -1:
+        in_range = (
+            0 <= generation <= BIGINT_MAX,
+            0 <= epoch <= BIGINT_MAX,
+            -1 <= high_water_id <= BIGINT_MAX,
+        )
+        if not all(in_range):
             raise ValueError(f"the watermark znode holds {data[:60]!r}: out of range")
         return cls(Token(generation, epoch), high_water_id)
 

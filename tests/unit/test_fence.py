@@ -34,6 +34,10 @@ def test_round_trip_and_merge_keeps_the_larger_of_each_part() -> None:
         b'{"generation": 0, "epoch": 5, "high_water_id": 1e400}',
         b'{"generation": -1, "epoch": 5, "high_water_id": 7}',
         b'{"generation": 0, "epoch": 5, "high_water_id": -2}',
+        b'{"generation": 0, "epoch": 5, "high_water_id": 1180591620717411303424}',  # 2^70
+        b'{"generation": 9223372036854775808, "epoch": 5, "high_water_id": 7}',  # 2^63
+        b'{"generation": 0, "epoch": 18446744073709551616, "high_water_id": 7}',  # 2^64
+        b'{"generation": 0, "epoch": 5, "high_water_id": ' + b"9" * 5000 + b"}",
         b"\xff\xfe",
     ],
 )
