@@ -18,9 +18,11 @@ environment variable (``auto_envvar_prefix``: ``ALLOCATOR_<COMMAND>_<OPTION>``),
 ``--help`` -- except the dangerous choices, which a person types each time and which are
 never read from the environment (:func:`allocator.commands.options.typed_option`; a unit
 test walks every command for them): ``--yes`` (``migrate``, ``fence rebase``, ``pool
-reset``), ``migrate --to``, ``fence rebase --reason`` and ``pool reset --reason`` (the audit
-record's why), ``pool reset --after-restore``, ``local down --purge`` and ``local up
---node-command`` (what runs as a node).
+reset``), ``migrate --to``, ``fence rebase --reason``, ``pool reset --reason``, ``pool pause
+--reason`` and ``pool resume --reason`` (the audit record's why), ``pool reset
+--after-restore``, ``pool reset --old-database-url`` and ``pool reset
+--old-database-unreachable`` (which bound protects the IDs), ``local down --purge`` and
+``local up --node-command`` (what runs as a node).
 
 No option carries a secret: a ``--database-url`` whose URL holds a password is refused
 (a command line shows in every process list); the URL then comes from the command's

@@ -129,6 +129,8 @@ class PoolStatus:
     mark_lead_ms: int | None = None
     """The mark's lead over the database clock at the cut that set it: the allowance the next
     cut may keep (``cut_blocks``' clock rule)."""
+    claims_paused: bool = False
+    """An operator paused claims (migration 0010): ``claim_blocks`` answers AL004."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -687,3 +689,139 @@ def read_status(
     if status is None:
         raise DatabaseError(f"{what}: the database returned no row")
     return status, terms
+
+
+# -- pausing claims (operator role, migration 0010) ------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Pause:
+    """What ``allocator.pause_claims`` answered: the open pause."""
+
+    pause_id: int
+    paused_at: datetime
+    paused_by: str
+    reason: str
+    already_paused: bool
+    """Claims were paused before this call (nothing changed; the pause is the earlier one)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Resume:
+    """What ``allocator.resume_claims`` answered; all None but ``was_paused`` when claims
+    were not paused."""
+
+    pause_id: int | None
+    paused_at: datetime | None
+    paused_by: str | None
+    reason: str | None
+    resumed_at: datetime | None
+    resumed_by: str | None
+    resume_reason: str | None
+    was_paused: bool
+
+
+@dataclass(frozen=True, slots=True)
+class OpenPause:
+    """The open row of ``allocator.claim_pause_history``: why claims are paused."""
+
+    pause_id: int
+    paused_at: datetime
+    paused_by: str
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimInFlight:
+    """A session whose open transaction holds a claim (``allocator.claims_in_flight()``)."""
+
+    pid: int | None
+    """None for a prepared transaction (two-phase commit): it holds the claim until
+    ``COMMIT PREPARED`` or ``ROLLBACK PREPARED``."""
+    virtualtransaction: str
+    usename: str | None
+    application_name: str | None
+    client_addr: str | None
+    state: str | None
+    xact_start: datetime | None
+    state_change: datetime | None
+
+    def describe(self) -> str:
+        since = self.xact_start.isoformat(timespec="seconds") if self.xact_start else "?"
+        return (
+            f"pid {self.pid} ({self.usename or '?'}, application "
+            f"{self.application_name or '-'!r}, {self.client_addr or 'local'}, "
+            f"{self.state or '?'}, transaction since {since})"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class LayoutClock:
+    """The recorded layout's epoch and timestamp shift, with the database clock."""
+
+    epoch_ms: int
+    shift: int
+    db_ms: int
+
+    def id_at(self, ms: int) -> int:
+        """The last ID of millisecond ``ms`` (Unix), as ``reset_after_restore`` computes
+        its clock bound; -1 before the layout's epoch."""
+        if ms < self.epoch_ms:
+            return -1
+        return min(MAX_BIGINT, ((ms - self.epoch_ms + 1) << self.shift) - 1)
+
+
+class OperatorSession:
+    """One operator connection (autocommit: each call its own transaction), for commands
+    that make several calls, such as ``allocator pool pause`` polling the claims in flight.
+    Errors leave translated; build it with :func:`operator_session`."""
+
+    def __init__(self, conn: psycopg.Connection[TupleRow]) -> None:
+        self._conn = conn
+
+    def _fetch(self, what: str, query: str, params: Mapping[str, Any], kind: type[_T]) -> list[_T]:
+        with _translated(what), self._conn.cursor(row_factory=class_row(kind)) as cursor:
+            return cursor.execute(query, params).fetchall()
+
+    def _one(self, what: str, query: str, params: Mapping[str, Any], kind: type[_T]) -> _T:
+        rows = self._fetch(what, query, params, kind)
+        if not rows:
+            raise DatabaseError(f"{what}: the database returned no row")
+        return rows[0]
+
+    def pause_claims(self, reason: str) -> Pause:
+        return self._one("pause claims", sql.PAUSE_CLAIMS, {"reason": reason}, Pause)
+
+    def resume_claims(self, reason: str) -> Resume:
+        return self._one("resume claims", sql.RESUME_CLAIMS, {"reason": reason}, Resume)
+
+    def claims_in_flight(self) -> list[ClaimInFlight]:
+        return self._fetch("list the claims in flight", sql.CLAIMS_IN_FLIGHT, {}, ClaimInFlight)
+
+    def open_pause(self) -> OpenPause | None:
+        rows = self._fetch("read the open pause", sql.OPEN_PAUSE, {}, OpenPause)
+        return rows[0] if rows else None
+
+    def pool_status(self) -> PoolStatus:
+        return self._one("read the pool status", sql.POOL_STATUS, {}, PoolStatus)
+
+    def layout_clock(self) -> LayoutClock | None:
+        """None before the first takeover recorded a layout."""
+        rows = self._fetch("read the layout and clock", sql.LAYOUT_AND_CLOCK, {}, LayoutClock)
+        return rows[0] if rows else None
+
+
+@contextmanager
+def operator_session(
+    url: str, *, connect_timeout_s: float = STATUS_CONNECT_TIMEOUT_S
+) -> Iterator[OperatorSession]:
+    """An :class:`OperatorSession` on ``url``, closed on leaving."""
+    with _translated("connect to the database"):
+        conn = psycopg.connect(
+            url,
+            autocommit=True,
+            connect_timeout=max(2, math.ceil(connect_timeout_s)),
+            application_name=STATUS_APPLICATION_NAME,
+        )
+    with conn:
+        yield OperatorSession(conn)

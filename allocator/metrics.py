@@ -88,6 +88,13 @@ class NodeMetrics:
             "Blocks claimed per second, from the leader's pool samples (0 while unknown)",
             registry=r,
         )
+        self.claims_paused = Gauge(
+            "allocator_claims_paused",
+            "1 while an operator has paused claims (allocator pool pause, or a database the "
+            "restore procedure reset): claim_blocks answers AL004",
+            registry=r,
+        )
+        self.claims_paused.set(math.nan)
         self.pool_runway_needed_seconds = Gauge(
             "allocator_pool_runway_needed_seconds",
             "The runway a handover needs: zookeeper.session_timeout_ms + pool.handover_margin_s",
@@ -196,9 +203,15 @@ class NodeMetrics:
         )
 
     def pool_observed(
-        self, available_blocks: int, runway_s: float | None, claim_rate: float | None
+        self,
+        available_blocks: int,
+        runway_s: float | None,
+        claim_rate: float | None,
+        *,
+        claims_paused: bool = False,
     ) -> None:
         """One reading of ``pool_status`` (runway None: nothing claimed, so unbounded)."""
+        self.claims_paused.set(int(claims_paused))
         self.pool_available_blocks.set(available_blocks)
         self.pool_runway_seconds.set(math.inf if runway_s is None else runway_s)
         self.pool_claim_rate.set(claim_rate or 0.0)

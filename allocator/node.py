@@ -106,8 +106,6 @@ EXIT_CONFIG = 78
 RECHECK_INTERVAL_S = 0.5
 STALE_TAKEOVER_BACKOFF_S = 2.0
 FENCE_AHEAD_BACKOFF_S = 5.0
-WATERMARK_INTERVAL_S = 1.0
-"""ZooKeeper's watermark follows the cuts at most this often (and at every term change)."""
 JOB_STOP_TIMEOUT_S = 10.0
 HANDOVER_CHECK_INTERVAL_S = 1.0
 ZOOKEEPER_ERROR_BACKOFF_S = 1.0
@@ -288,6 +286,7 @@ class Node:
             "runway_needed_s": runway.needed_runway_s(self._config),
             "covers_handover": runway.rate_warning(self._config, status.claim_rate_blocks_per_s)
             is None,
+            "claims_paused": status.claims_paused,
         }
 
     # -- the run ----------------------------------------------------------------------------
@@ -598,8 +597,9 @@ class Node:
         if not self._jobs.stop(JOB_STOP_TIMEOUT_S):
             log.error("job_stop_timeout", name=self.name, token=str(token))
         self._metrics.leadership_ended()  # again: the run that was in flight may have set one
-        if reason not in ("fenced", "znode_lost", "db_unreachable"):
-            self._flush_watermark(election, token)
+        # Every term end, "fenced" too: the cuts the rate limit held back are committed, and
+        # a restore's reset reads the watermark (a bounded, best-effort ZooKeeper call).
+        self._flush_watermark(election, token)
         self._role = "stopping" if reason in ("shutdown", "fatal") else "follower"
         self._term = None
         log.info("stepped_down", name=self.name, token=str(token), reason=reason)
@@ -812,7 +812,7 @@ class Node:
         with self._watermark_lock:
             if self._watermark_pending is None:
                 return
-            if time.monotonic() - self._watermark_raised_at < WATERMARK_INTERVAL_S:
+            if time.monotonic() - self._watermark_raised_at < fence.WATERMARK_INTERVAL_S:
                 return
         self._flush_watermark(election, token)
 

@@ -13,6 +13,10 @@ Rules:
   leader keeps whatever the rate, sized for a cold-start burst) and has not run empty since.
   The hysteresis keeps readiness from flapping while consumers draw the pool below the
   floor between two refills; an empty pool makes the node unready until the floor is back.
+- Whether an operator paused claims (``pool_status.claims_paused``, migration 0010) comes
+  with every reading: ``allocator_claims_paused``, ``/status``'s ``pool.claims_paused``, and
+  a ``claims_paused`` / ``claims_resumed`` log line when it changes. Readiness ignores it: a
+  node is as ready as before; consumers retry AL004 like an empty pool.
 - A failed reading changes nothing but is logged once per outage; the probe already judges
   the database's reachability.
 - Thread-safe: the probe thread reads, the admin server's threads ask :attr:`pool_ready`.
@@ -92,10 +96,14 @@ class PoolWatch:
         every refill and sample anyway): metrics, readiness, and no reading of our own until
         the next one is due."""
         self._metrics.pool_observed(
-            status.available_blocks, status.runway_s, status.claim_rate_blocks_per_s
+            status.available_blocks,
+            status.runway_s,
+            status.claim_rate_blocks_per_s,
+            claims_paused=status.claims_paused,
         )
         with self._lock:
             self._read_at = self._clock()
+            was_paused = self.last.claims_paused if self.last is not None else False
             self.last = status
             was_ready = self._pool_ready
             if status.available_blocks >= self._floor:
@@ -103,6 +111,8 @@ class PoolWatch:
             elif status.available_blocks == 0:
                 self._pool_ready = False
             now_ready = self._pool_ready
+        if status.claims_paused != was_paused:
+            log.info("claims_paused" if status.claims_paused else "claims_resumed")
         if now_ready != was_ready:
             log.info(
                 "pool_ready" if now_ready else "pool_drained",

@@ -125,9 +125,10 @@ RECORD_POOL_SAMPLE: Final = "SELECT allocator.record_pool_sample()"
 POOL_STATUS: Final = (
     "SELECT available_blocks, available_ids, claim_rate_blocks_per_s, runway_s,"
     " high_water_id, cut_position, claim_position, epoch, holder, generation,"
-    " mark_ahead_ms, mark_lead_ms"
+    " mark_ahead_ms, mark_lead_ms, claims_paused"
     " FROM allocator.pool_status"
 )
+"""The pool's one row; ``claims_paused`` since migration 0010 (the view's last column)."""
 
 LEADER_HISTORY: Final = (
     "SELECT epoch, holder, host, pid, elected_at, ended_at, end_reason, generation"
@@ -141,3 +142,38 @@ FENCE_AND_HIGH_WATER: Final = (
     "SELECT epoch, holder, high_water_id, generation FROM allocator.pool_status"
 )
 """The fence and the high-water mark, through the view (the roles cannot read the tables)."""
+
+# -- pausing claims (operator role, migration 0010) ------------------------------------------
+
+PAUSE_CLAIMS: Final = (
+    "SELECT pause_id, paused_at, paused_by, reason, already_paused"
+    " FROM allocator.pause_claims(%(reason)s)"
+)
+"""Pauses claims (``claim_blocks`` answers AL004), audited in ``claim_pause_history``;
+returns the open pause (``already_paused`` when claims were paused before)."""
+
+RESUME_CLAIMS: Final = (
+    "SELECT pause_id, paused_at, paused_by, reason, resumed_at, resumed_by, resume_reason,"
+    " was_paused FROM allocator.resume_claims(%(reason)s)"
+)
+"""Resumes claims, audited; ``was_paused`` false (and the rest NULL) when they were not."""
+
+CLAIMS_IN_FLIGHT: Final = (
+    "SELECT pid, virtualtransaction, usename, application_name, host(client_addr) AS"
+    " client_addr, state, xact_start, state_change FROM allocator.claims_in_flight()"
+)
+"""Sessions whose open transaction holds a claim (``claim_blocks``' shared advisory lock)."""
+
+OPEN_PAUSE: Final = (
+    "SELECT pause_id, paused_at, paused_by, reason FROM allocator.claim_pause_history"
+    " WHERE resumed_at IS NULL"
+)
+"""The open pause, if any (node and operator roles)."""
+
+LAYOUT_AND_CLOCK: Final = (
+    "SELECT l.epoch_ms, l.datacenter_bits + l.lane_bits + l.sequence_bits AS shift,"
+    " floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS db_ms"
+    " FROM allocator.layout l"
+)
+"""The recorded layout's epoch and timestamp shift with the database clock (no row before
+the first takeover): what ``reset_after_restore``'s clock bound is computed from."""

@@ -7,10 +7,12 @@ Rules:
 - Read-only and short-lived: one kazoo client, plain database connections, all closed
   before returning. The operator's ZooKeeper client authenticates with ``zookeeper.auth``
   like a node's, and every ZooKeeper call waits at most the connect timeout.
-- The database is read before ZooKeeper. Every czxid the fence can hold was created before
-  that read, so the election path's ``pzxid`` read afterwards (after a ``sync``) is at least
-  that czxid in a healthy ensemble. The other order would report a leader elected between
-  the two reads as a fence *ahead of ZooKeeper* (:func:`allocator.fence.ahead_of_zookeeper`).
+- The order of the reads: ZooKeeper's watermark, then the database, then the rest of
+  ZooKeeper (after a ``sync``). Every czxid the fence can hold was created before the
+  database read, so the election path's ``pzxid`` read afterwards is at least that czxid
+  in a healthy ensemble; the watermark lags the database, so read before it, it is at or
+  below what the database holds. Any other order reports a leader elected, or cutting,
+  between the reads as a fence *ahead of ZooKeeper* or a database *behind* it.
 - Nothing ZooKeeper holds crashes the report: the queue is ordered by znode name and stat
   alone (:func:`allocator.election.read_queue`); contender data we cannot read shows as "?"
   with its ``problem`` (:meth:`Identity.parse`), children that take no place in the queue
@@ -22,7 +24,10 @@ Rules:
   (as the contender advertises them; null: not advertised), ``handovers[].generation``, and
   the top-level ``fence`` object (:meth:`FenceReport.to_json`), ``contenders[].problem``
   (why its data does not parse; null when it does) and the top-level ``election`` object
-  (``unparsable``: ``[{znode, problem}]``, ``ignored``: ``[{znode, reason}]``).
+  (``unparsable``: ``[{znode, problem}]``, ``ignored``: ``[{znode, reason}]``),
+  ``pool.claims_paused`` and the top-level ``claims_pause`` (``{pause_id, paused_at,
+  paused_by, reason}`` while an operator has paused claims; null otherwise, or when the
+  role may not read ``claim_pause_history``).
 - Errors leave as the project's own: ZooKeeper unreachable → :class:`ZooKeeperUnavailableError`,
   refused for lack of auth → :class:`ConfigError` naming ``zookeeper.auth``.
 """
@@ -56,7 +61,7 @@ from allocator import db, fence, sql, zkclient
 from allocator.config import Config
 from allocator.db import PoolStatus, Term, read_status
 from allocator.election import Contender, Ignored, Queue, read_queue
-from allocator.errors import AllocatorError, ConfigError, ZooKeeperUnavailableError
+from allocator.errors import AllocatorError, ConfigError, DatabaseError, ZooKeeperUnavailableError
 
 KAZOO_LOG = logging.getLogger(__name__ + ".kazoo")
 """kazoo's own log for the operator's client. Its retry chatter (one WARNING per refused
@@ -164,6 +169,9 @@ class ClusterStatus:
     fence: FenceReport
     ignored: list[Ignored] = field(default_factory=list)
     """Children of the election path that take no place in the queue."""
+    claims_pause: db.OpenPause | None = None
+    """Why claims are paused (who, when); None when they are not, or the role may not read
+    ``claim_pause_history`` (``pool.claims_paused`` still says whether)."""
 
     @property
     def leader(self) -> Contender | None:
@@ -173,9 +181,18 @@ class ClusterStatus:
         return leader_epoch(self.contenders, self.pool)
 
     def to_json(self) -> dict[str, Any]:
+        pause = self.claims_pause
         return {
             **cluster_json(self.contenders, self.pool, self.terms, self.ignored),
             "fence": self.fence.to_json(),
+            "claims_pause": None
+            if pause is None
+            else {
+                "pause_id": pause.pause_id,
+                "paused_at": pause.paused_at.isoformat(),
+                "paused_by": pause.paused_by,
+                "reason": pause.reason,
+            },
         }
 
 
@@ -244,6 +261,7 @@ def cluster_json(
             "runway_s": pool.runway_s,
             "high_water_id": pool.high_water_id,
             "claim_rate_blocks_per_s": pool.claim_rate_blocks_per_s,
+            "claims_paused": pool.claims_paused,
         },
         "handovers": [
             {
@@ -318,12 +336,18 @@ def wait(pending: IAsyncResult, config: Config) -> Any:
 
 
 def read_zookeeper_fence(
-    client: KazooClient, election_path: str, config: Config, *, chroot: str = ""
+    client: KazooClient,
+    election_path: str,
+    config: Config,
+    *,
+    chroot: str = "",
+    watermark: tuple[fence.Watermark | None, str | None] | None = None,
 ) -> ZooKeeperFence:
     """The generation znode beside ``election_path`` and the path's pzxid, after a sync.
 
     ``election_path`` is as ``client`` addresses it; ``chroot`` only names the znode for
-    people when ``client`` runs inside one.
+    people when ``client`` runs inside one. ``watermark``: :func:`read_watermark`'s answer
+    read before the database (module rules); read here when not given.
     """
     path = fence.generation_path(election_path)
     wait(client.sync_async(election_path), config)
@@ -338,15 +362,27 @@ def read_zookeeper_fence(
         problem = None
     except ValueError as exc:
         generation, problem = None, str(exc)
-    watermark, watermark_problem = None, None
+    mark, mark_problem = watermark or read_watermark(client, election_path, config)
+    return ZooKeeperFence(generation, newest, chroot + path, problem, mark, mark_problem)
+
+
+def read_watermark(
+    client: KazooClient, election_path: str, config: Config
+) -> tuple[fence.Watermark | None, str | None]:
+    """The watermark beside ``election_path`` and why it does not parse: (None, None) when
+    absent, (None, problem) when it holds something else (reported, never a refusal).
+
+    It lags the database (:mod:`allocator.fence`): a verdict that compares the two must read
+    it *before* the database, or a leader cutting between the reads makes a healthy database
+    look restored."""
     try:
         raw, _stat = wait(client.get_async(fence.watermark_path(election_path)), config)
-        watermark = fence.Watermark.from_bytes(raw)
     except NoNodeError:
-        pass
+        return None, None
+    try:
+        return fence.Watermark.from_bytes(raw), None
     except ValueError as exc:
-        watermark_problem = str(exc)
-    return ZooKeeperFence(generation, newest, chroot + path, problem, watermark, watermark_problem)
+        return None, str(exc)
 
 
 def read_zookeeper(config: Config) -> tuple[Queue, ZooKeeperFence]:
@@ -402,6 +438,20 @@ def read_rebases(
         raise db.translate(exc, what) from exc
 
 
+def read_open_pause(
+    url: str, *, connect_timeout_s: float = db.STATUS_CONNECT_TIMEOUT_S
+) -> db.OpenPause | None:
+    """Why claims are paused (migration 0010); None when they are not or the role may not
+    read ``claim_pause_history`` (node and operator roles may)."""
+    try:
+        with db.operator_session(url, connect_timeout_s=connect_timeout_s) as session:
+            return session.open_pause()
+    except DatabaseError as exc:
+        if isinstance(exc.__cause__, psycopg.errors.InsufficientPrivilege):
+            return None
+        raise
+
+
 # -- together ---------------------------------------------------------------------------------
 
 
@@ -411,13 +461,33 @@ def gather(
     """Everything ``allocator status`` shows; ``rebase_limit=0`` skips the fence history."""
     url = config.postgres.url.get_secret_value()
     timeout_s = config.postgres.connect_timeout_s
-    pool, terms = read_status(url, history_limit=history_limit, connect_timeout_s=timeout_s)
-    rebases = read_rebases(url, rebase_limit, connect_timeout_s=timeout_s) if rebase_limit else None
-    queue, zk_fence = read_zookeeper(config)  # after the database: see the module rules
+    path = config.zookeeper.election_path
+    client = zookeeper_client(config)
+    start(client, config)
+    try:
+        with zookeeper_errors(config, "read the watermark"):  # first: see the module rules
+            wait(client.sync_async(path), config)
+            watermark = read_watermark(client, path, config)
+        pool, terms = read_status(url, history_limit=history_limit, connect_timeout_s=timeout_s)
+        rebases = (
+            read_rebases(url, rebase_limit, connect_timeout_s=timeout_s) if rebase_limit else None
+        )
+        pause = read_open_pause(url, connect_timeout_s=timeout_s) if pool.claims_paused else None
+        with zookeeper_errors(config, "read the election"):  # after the database
+            queue = read_queue(client, path)
+            zk_fence = read_zookeeper_fence(
+                client,
+                path,
+                config,
+                chroot=split_hosts(config.zookeeper.hosts)[1],
+                watermark=watermark,
+            )
+    finally:
+        close(client)
     report = FenceReport(
         pool.generation, pool.epoch, pool.holder, zk_fence, rebases, pool.high_water_id
     )
-    return ClusterStatus(queue.contenders, pool, terms, report, queue.ignored)
+    return ClusterStatus(queue.contenders, pool, terms, report, queue.ignored, pause)
 
 
 def gather_fence(config: Config, rebase_limit: int = REBASE_HISTORY_LIMIT) -> FenceReport:

@@ -116,8 +116,11 @@ function render(node, cluster) {
   show("pool-runway", pool
        ? (pool.runway_s == null ? "no claims measured" : span(pool.runway_s)) : null);
   show("pool-mark", pool ? number(pool.high_water_id) : null);
+  show("pool-claims", pool ? (pool.claims_paused ? "PAUSED (AL004)" : "served") : null);
+  $("pool-claims").className = pool && pool.claims_paused ? "bad" : "";
   fill("queue", cluster.contenders.map((c, i) => [
-    i === 0 ? ["leads", "good"] : "#" + (i + 1), c.name, c.host, c.pid,
+    i > 0 ? "#" + (i + 1) : c.blocked ? ["blocked: " + c.blocked, "bad"] : ["leads", "good"],
+    c.name, c.host, c.pid,
     flag(c.db_ok), flag(c.clock_ok), c.problem ? [c.problem, "bad"] : "",
   ]));
   show("queue-count", "(" + cluster.contenders.length + ")");
@@ -190,6 +193,7 @@ _BODY = """
   <div><span>claim rate</span><div id="pool-rate">&#8212;</div></div>
   <div><span>runway</span><div id="pool-runway">&#8212;</div></div>
   <div><span>last ID cut</span><div id="pool-mark">&#8212;</div></div>
+  <div><span>claims</span><div id="pool-claims">&#8212;</div></div>
 </div>
 
 <h2>Election queue <span id="queue-count" class="muted"></span></h2>

@@ -43,7 +43,9 @@ Rules:
   first use (``next_id``/``take``) or on ``start()``; ``with``/``async with`` start and
   close. ``start(wait=True)`` also waits for the first segment.
 - Waiting: a caller that finds no ID left waits at most ``wait_timeout_s`` for the claimer.
-  Then it raises :class:`PoolEmptyError` when the pool stayed empty (AL003), or
+  Then it raises :class:`PoolEmptyError` when the pool stayed empty (AL003),
+  :class:`ClaimsPausedError` (a kind of :class:`PoolEmptyError`) when an operator had
+  paused claims all along (AL004, ``allocator pool pause``), or
   :class:`~allocator.errors.DatabaseUnavailableError` when PostgreSQL could not be reached
   or the claim is still running. Errors that waiting will not cure fail waiting callers at
   once: AL001/AL002 (:class:`ClaimArgumentError`; the claimer then stops for good) and any
@@ -53,7 +55,8 @@ Rules:
   (:func:`backoff_delay`: from ``backoff_initial_s``, doubling, capped at ``backoff_max_s``,
   each delay drawn from its upper half); a success resets it.
 - Errors are translated at the boundary (:func:`translate_claim_error`, keeping
-  ``__cause__``): AL003 → :class:`PoolEmptyError`, AL001/AL002 → :class:`ClaimArgumentError`,
+  ``__cause__``): AL003 → :class:`PoolEmptyError`, AL004 → :class:`ClaimsPausedError`
+  (retried like AL003), AL001/AL002 → :class:`ClaimArgumentError`,
   connection failures and timeouts → :class:`~allocator.errors.DatabaseUnavailableError`
   (retryable), anything else → :class:`~allocator.errors.DatabaseError`.
 - Unused IDs are lost: ``close()`` stops the claimer and reports the IDs claimed but not
@@ -118,6 +121,7 @@ from allocator.client.base import (
     Block,
     ClaimArgumentError,
     Claimer,
+    ClaimsPausedError,
     ClientClosedError,
     NonBlockingClaimer,
     PoolEmptyError,
@@ -155,6 +159,7 @@ __all__ = [
     "Block",
     "ClaimArgumentError",
     "Claimer",
+    "ClaimsPausedError",
     "ClientClosedError",
     "IdClient",
     "InMemoryClaimer",

@@ -48,6 +48,9 @@ INT4_OID: Final = 23
 
 ARGUMENT_SQLSTATES = frozenset({"AL001", "AL002"})
 POOL_EMPTY_SQLSTATE = "AL003"
+CLAIMS_PAUSED_SQLSTATE = "AL004"
+KEEP_CONNECTION_SQLSTATES = ARGUMENT_SQLSTATES | {POOL_EMPTY_SQLSTATE, CLAIMS_PAUSED_SQLSTATE}
+"""Answers of ``claim_blocks`` itself: the connection is sound, a claimer keeps it."""
 NO_ID = -1  # never a valid trigger: IDs are >= 0
 
 
@@ -57,6 +60,18 @@ class PoolEmptyError(AllocatorError):
 
     exit_code = 75  # EX_TEMPFAIL
     sqlstate = POOL_EMPTY_SQLSTATE
+
+
+class ClaimsPausedError(PoolEmptyError):
+    """AL004: an operator paused claims (``allocator pool pause``, or a database the restore
+    procedure reset); nothing is handed out until ``allocator pool resume``.
+
+    A kind of :class:`PoolEmptyError` on purpose: for whoever claims, both mean "no block
+    now, retry with backoff", so the clients retry it the same way within their deadline,
+    and an application that already catches ``PoolEmptyError`` keeps working unchanged; the
+    class and the message say which it was."""
+
+    sqlstate = CLAIMS_PAUSED_SQLSTATE
 
 
 class ClaimArgumentError(UsageError):
@@ -113,7 +128,8 @@ class UnusedIds:
 
 class Claimer(Protocol):
     """The I/O seam of :class:`IdClient`: claim up to ``n`` blocks, or raise one of the
-    translated errors (:class:`PoolEmptyError`, :class:`ClaimArgumentError`,
+    translated errors (:class:`PoolEmptyError`, :class:`ClaimsPausedError`,
+    :class:`ClaimArgumentError`,
     :class:`DatabaseUnavailableError`, :class:`DatabaseError`). Called from one thread."""
 
     def claim(self, consumer: str, n: int) -> list[Block]: ...
@@ -168,6 +184,8 @@ def translate_claim_error(exc: psycopg.Error) -> AllocatorError:
     primary = exc.diag.message_primary or str(exc).strip().partition("\n")[0]
     if state == POOL_EMPTY_SQLSTATE:
         return PoolEmptyError(f"claim ID blocks: {primary}")
+    if state == CLAIMS_PAUSED_SQLSTATE:
+        return ClaimsPausedError(f"claim ID blocks: {primary}")
     if state in ARGUMENT_SQLSTATES:
         return ClaimArgumentError(f"claim ID blocks: {primary}", sqlstate=state)
     if isinstance(exc, PoolClosed):

@@ -21,6 +21,7 @@ from allocator.client.base import (
     NO_ID,
     Block,
     ClaimArgumentError,
+    ClaimsPausedError,
     ClientClosedError,
     PoolEmptyError,
     Range,
@@ -123,6 +124,7 @@ class Buffer:
             "claims": 0,
             "claim_failures": 0,
             "pool_empty_answers": 0,
+            "claims_paused_answers": 0,
             "blocks_claimed": 0,
             "ids_claimed": 0,
             "waits": 0,
@@ -253,7 +255,9 @@ class Buffer:
     def _failed(self, error: AllocatorError) -> None:
         self._stats["claim_failures"] += 1
         self._failures_in_a_row += 1
-        if isinstance(error, PoolEmptyError):
+        if isinstance(error, ClaimsPausedError):
+            self._stats["claims_paused_answers"] += 1
+        elif isinstance(error, PoolEmptyError):
             self._stats["pool_empty_answers"] += 1
         if isinstance(error, ClaimArgumentError):
             self._fatal = error
@@ -283,7 +287,11 @@ class Buffer:
             f"{self._settings.wait_timeout_s:g} s"
         )
         error: AllocatorError
-        if isinstance(last, PoolEmptyError):
+        if isinstance(last, ClaimsPausedError):
+            error = ClaimsPausedError(
+                f"{base}: claims are paused by an operator (allocator pool resume ends it; {last})"
+            )
+        elif isinstance(last, PoolEmptyError):
             error = PoolEmptyError(
                 f"{base}: the pool is empty (the leader refills it; check allocator.pool_status)"
             )
@@ -368,7 +376,9 @@ def log_lost(consumer: str, segment: list[Range]) -> None:
 
 
 def log_claim_failed(consumer: str, error: AllocatorError, delay_s: float | None) -> None:
-    if isinstance(error, PoolEmptyError):
+    if isinstance(error, ClaimsPausedError):
+        log.debug("client_claims_paused", consumer=consumer, retry_in_s=round(delay_s or 0, 3))
+    elif isinstance(error, PoolEmptyError):
         log.debug("client_pool_empty", consumer=consumer, retry_in_s=round(delay_s or 0, 3))
     elif delay_s is None:
         log.error("client_claim_refused", consumer=consumer, error=str(error))

@@ -3,7 +3,7 @@ psycopg pool), :class:`InMemoryClaimer` for tests, and :func:`claim_once`.
 
 Rules: a claimer only claims (``allocator.claim_blocks``) and translates errors
 (:func:`~allocator.client.base.translate_claim_error`); it never buffers IDs. A claimer that
-owns a connection closes it after any error other than AL001..AL003, so the next claim
+owns a connection closes it after any error other than AL001..AL004, so the next claim
 reconnects. One caller at a time (the clients guarantee it).
 """
 
@@ -25,14 +25,13 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 
 from allocator.client.base import (
     APPLICATION_NAME,
-    ARGUMENT_SQLSTATES,
     CLAIM_BLOCKS,
     CLAIM_BLOCKS_PQ,
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_STATEMENT_TIMEOUT_MS,
     INT4_OID,
+    KEEP_CONNECTION_SQLSTATES,
     MAX_BATCH_BLOCKS,
-    POOL_EMPTY_SQLSTATE,
     SET_STATEMENT_TIMEOUT,
     TEXT_OID,
     AsyncClaimer,
@@ -106,7 +105,7 @@ class PostgresClaimer:
             else:
                 rows = self._connection().execute(CLAIM_BLOCKS, params).fetchall()
         except psycopg.Error as exc:
-            if (exc.sqlstate or "") not in ARGUMENT_SQLSTATES | {POOL_EMPTY_SQLSTATE}:
+            if (exc.sqlstate or "") not in KEEP_CONNECTION_SQLSTATES:
                 self.close()  # the connection may be broken: the next claim reconnects
             raise translate_claim_error(exc) from exc
         return _blocks_of(rows)
@@ -218,11 +217,11 @@ class PostgresClaimer:
 
     def _blocks_from(self, sent: SentClaim) -> list[Block]:
         """The blocks in a finished claim's results, or its translated error (the connection
-        closed unless it was AL001..AL003, as :meth:`claim` does)."""
+        closed unless it was AL001..AL004, as :meth:`claim` does)."""
         for result in sent.results:
             if result.status == ExecStatus.FATAL_ERROR:
                 exc = psycopg.errors.error_from_result(result, encoding=sent.conn.info.encoding)
-                if (exc.sqlstate or "") not in ARGUMENT_SQLSTATES | {POOL_EMPTY_SQLSTATE}:
+                if (exc.sqlstate or "") not in KEEP_CONNECTION_SQLSTATES:
                     self.close()
                 raise translate_claim_error(exc) from exc
         rows = [r for r in sent.results if r.status == ExecStatus.TUPLES_OK]
@@ -278,7 +277,7 @@ class AsyncPostgresClaimer:
                 conn = await self._connection()
                 rows = await (await conn.execute(CLAIM_BLOCKS, params)).fetchall()
         except psycopg.Error as exc:
-            if (exc.sqlstate or "") not in ARGUMENT_SQLSTATES | {POOL_EMPTY_SQLSTATE}:
+            if (exc.sqlstate or "") not in KEEP_CONNECTION_SQLSTATES:
                 await self.close()
             raise translate_claim_error(exc) from exc
         return _blocks_of(rows)

@@ -16,7 +16,8 @@ Rules:
   (exit 0, a note on stderr).
 - Exit status: 0 claimed at least one block; 2 bad arguments (``--count`` outside 1..1000,
   a consumer name the database refuses: AL001/AL002); 75 (EX_TEMPFAIL) the pool is empty
-  (AL003) or PostgreSQL is unreachable, retry later; 78 bad configuration; 1 any other
+  (AL003), claims are paused by an operator (AL004) or PostgreSQL is unreachable, retry
+  later; 78 bad configuration; 1 any other
   error. Errors are one line on stderr.
 """
 
@@ -39,7 +40,11 @@ from allocator.commands.options import CONFIG, OTHER, USAGE, exit_codes
         (0, "claimed at least one block (fewer than --count when the pool ran short: a note)"),
         (2, "a consumer name the database refuses (AL001/AL002)"),
         USAGE,
-        (75, "the pool is empty (AL003) or PostgreSQL is unreachable: retry later"),
+        (
+            75,
+            "the pool is empty (AL003), claims are paused (AL004) or PostgreSQL is "
+            "unreachable: retry later",
+        ),
         (CONFIG[0], "invalid configuration (every problem named)"),
         OTHER,
     ),

@@ -9,8 +9,9 @@ line is one JSON object (JSON lines: ``time``, ISO-8601 UTC, ``event`` and its f
 :func:`watch`). ``step-down --json`` prints one object (``leader``, ``admin_url``,
 ``stepping_down``). Each command's ``--help`` lists its exit codes. A fence ahead of
 ZooKeeper (no node can take it until an operator re-bases it) is one loud line in both
-views, never buried in a table: it stops all cutting. Election znodes that are ignored for
-the order or whose data does not parse are shown (``election`` in the JSON), and
+views, never buried in a table: it stops all cutting. So is a pause of claims
+(``allocator pool pause``) in ``status``: it stops all claiming. Election znodes that are
+ignored for the order or whose data does not parse are shown (``election`` in the JSON), and
 step-down refuses a leader whose data does not parse rather than send the token to an
 address someone else wrote. ``status`` also states, by the configuration it was given,
 the runway a handover needs (:mod:`allocator.runway`), and warns on stderr when
@@ -81,6 +82,8 @@ def status(as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]) 
         click.echo(line)
     for line in fence_lines(data["fence"]):
         click.echo(line)
+    for line in claims_lines(data):
+        click.echo(line)
     pool = data["pool"]
     runway_text = "unknown" if pool["runway_s"] is None else f"{pool['runway_s']:.0f} s"
     click.echo(
@@ -97,6 +100,18 @@ def status(as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]) 
             f"  {token:<20} {term['holder']:<16} elected {term['elected_at']}"
             f"  ended {term['ended_at'] or '-'} ({term['end_reason'] or 'leading'})"
         )
+
+
+def claims_lines(data: dict[str, Any]) -> list[str]:
+    """The loud line while an operator has paused claims (nothing when they are served)."""
+    if not data["pool"].get("claims_paused"):
+        return []
+    pause = data.get("claims_pause")
+    why = f" since {pause['paused_at']} by {pause['paused_by']}: {pause['reason']}" if pause else ""
+    return [
+        f"!! CLAIMS PAUSED{why}; claim_blocks answers AL004 (clients retry) until "
+        "`allocator pool resume --reason TEXT`."
+    ]
 
 
 def _add_coverage(data: dict[str, Any], config: config_mod.Config) -> str | None:
@@ -170,7 +185,7 @@ def behind_line(report: dict[str, Any]) -> str:
     return (
         f"!! DATABASE BEHIND ZOOKEEPER: {report['database_behind_zookeeper']}; the database "
         "was restored or failed over to a standby that missed commits. No node takes the "
-        "fence or cuts; stop consumers and follow the restore procedure "
+        "fence or cuts; pause claims (`allocator pool pause`) and follow the restore procedure "
         "(`allocator pool reset --after-restore`, docs/postgres-ha.md)."
     )
 
@@ -215,7 +230,8 @@ def watch(
 
     With --json every line is one JSON object with "time" (ISO-8601 UTC) and "event":
     leader (leader, epoch, queue), fence (generation, zookeeper_generation,
-    ahead_of_zookeeper, problem), pool (available_blocks, available_ids, runway_s),
+    ahead_of_zookeeper, problem), pool (available_blocks, available_ids, runway_s,
+    claims_paused),
     election (unparsable, ignored) or unavailable (error).
     """
     from allocator.status import gather
@@ -252,8 +268,11 @@ def watch(
             last_fence = _watch_fence(data["fence"], last_fence, emit)
             if time.monotonic() - last_pool_line >= POOL_LINE_EVERY_S:
                 pool = data["pool"]
-                fields = {k: pool[k] for k in ("available_blocks", "available_ids", "runway_s")}
-                emit("pool", f"pool {pool['available_blocks']} blocks", fields)
+                keys = ("available_blocks", "available_ids", "runway_s")
+                fields = {k: pool[k] for k in keys}
+                fields["claims_paused"] = bool(pool.get("claims_paused"))
+                paused = " (claims paused)" if fields["claims_paused"] else ""
+                emit("pool", f"pool {pool['available_blocks']} blocks{paused}", fields)
                 last_pool_line = time.monotonic()
             time.sleep(WATCH_INTERVAL_S)
     except KeyboardInterrupt:

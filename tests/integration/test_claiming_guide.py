@@ -44,3 +44,11 @@ def test_the_psql_snippet_claims_a_block(consumer_url: str) -> None:
     assert result.returncode == 0, result.stderr
     first, last = (int(v) for v in result.stdout.split())
     assert (first, last) == (1 << 22, (1 << 22) + 4095)
+
+
+@pytest.mark.parametrize("language", ["Java (JDBC)", "Go (pgx v5)", "Node (pg)"])
+def test_every_snippet_that_retries_an_empty_pool_retries_paused_claims_too(language: str) -> None:
+    """AL004 (claims paused, migration 0010) is retried like AL003: each snippet says so."""
+    section = GUIDE.read_text().split(f"### {language}", 1)[1].split("\n### ", 1)[0]
+    assert "AL003" in section
+    assert "AL004" in section

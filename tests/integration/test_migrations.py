@@ -14,9 +14,11 @@ pytestmark = pytest.mark.integration
 TABLES_0002 = {"fence", "high_water", "blocks", "leader_terms", "pool_samples"}
 TABLES_0003 = TABLES_0002 | {"cluster_layout", "fence_rebases", "fenced_writes"}
 TABLES_0004 = TABLES_0003 | {"held_tickets"}
-TABLES = TABLES_0004 | {"pool_resets"}
+TABLES_0009 = TABLES_0004 | {"pool_resets"}
+TABLES = TABLES_0009 | {"claim_pause", "claim_pauses"}
 VIEWS_0002 = {"block_ledger", "pool_status", "leader_history"}
-VIEWS = VIEWS_0002 | {"fence_history", "layout"}
+VIEWS_0009 = VIEWS_0002 | {"fence_history", "layout"}
+VIEWS = VIEWS_0009 | {"claim_pause_history"}
 FUNCTIONS_0002 = {
     "claim_blocks",
     "take_fence",
@@ -31,7 +33,8 @@ FUNCTIONS_0002 = {
 }
 FUNCTIONS_0003 = FUNCTIONS_0002 | {"db_now_ms", "id_time_ms", "check_layout", "rebase_fence"}
 FUNCTIONS_0006 = FUNCTIONS_0003 | {"replication_status", "reset_after_restore"}
-FUNCTIONS = FUNCTIONS_0006 | {"pool_status_row"}
+FUNCTIONS_0009 = FUNCTIONS_0006 | {"pool_status_row"}
+FUNCTIONS = FUNCTIONS_0009 | {"pause_claims", "resume_claims", "claims_in_flight"}
 ROLES = {"allocator_consumer", "allocator_node", "allocator_operator", "allocator_owner"}
 
 
@@ -96,7 +99,7 @@ def test_downgrade_step_by_step_restores_each_older_schema_and_upgrade_returns(
     command.downgrade(migrate._alembic_config(empty_db_url), "0003")
     assert migrate.current_revision(empty_db_url) == "0003"
     objects = schema_objects(empty_db_url)
-    assert objects == {"tables": TABLES_0003, "views": VIEWS, "functions": FUNCTIONS_0003}
+    assert objects == {"tables": TABLES_0003, "views": VIEWS_0009, "functions": FUNCTIONS_0003}
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
         conn.execute("SELECT allocator.requeue_stranded(0, 7)")
         assert claim(conn, "at-0003") == [(1, 100, 199)]
@@ -276,3 +279,47 @@ def test_0006_adds_the_reset_for_operators_only_and_downgrades_cleanly(empty_db_
     command.downgrade(migrate._alembic_config(empty_db_url), "0005")
     assert function_definitions(empty_db_url) == before
     assert schema_objects(empty_db_url)["tables"] == TABLES_0004
+
+
+def pool_status_columns(url: str) -> list[str]:
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT column_name FROM information_schema.columns"
+            " WHERE table_schema = 'allocator' AND table_name = 'pool_status'"
+            " ORDER BY ordinal_position"
+        ).fetchall()
+    return [str(name) for (name,) in rows]
+
+
+def test_0010_expands_only_and_downgrades_to_0009_exactly(empty_db_url: str) -> None:
+    """Expand-only: claim_blocks and reset_after_restore keep their signatures (replaced in
+    place), pool_status only gains a last column; the rest is new. The downgrade restores
+    every 0009 function, comment and grant exactly, and the view's columns."""
+    config = migrate._alembic_config(empty_db_url)
+    command.upgrade(config, "0009")
+    before, columns_before = function_definitions(empty_db_url), pool_status_columns(empty_db_url)
+    command.upgrade(config, "0010")
+    after = function_definitions(empty_db_url)
+    assert set(before) <= set(after)  # nothing dropped, no signature changed
+    assert {n for n, d in after.items() if before.get(n) != d} == {
+        "allocator.claim_blocks(text,integer)",
+        "allocator.reset_after_restore(text,bigint,bigint)",
+        "allocator.pause_claims(text)",
+        "allocator.resume_claims(text)",
+        "allocator.claims_in_flight()",
+    }
+    assert pool_status_columns(empty_db_url) == [*columns_before, "claims_paused"]
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        take_fence(conn, 7)
+        cut(conn, 7, [(100, 199), (200, 299)])
+        conn.execute("SELECT * FROM allocator.pause_claims('downgrade test')")
+    command.downgrade(config, "0009")
+    assert function_definitions(empty_db_url) == before
+    assert pool_status_columns(empty_db_url) == columns_before
+    objects = schema_objects(empty_db_url)
+    assert objects == {"tables": TABLES_0009, "views": VIEWS_0009, "functions": FUNCTIONS_0009}
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        assert claim(conn, "after-downgrade") == [(1, 100, 199)]  # no pause any more
+    command.upgrade(config, "0010")
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        assert claim(conn, "after-upgrade") == [(2, 200, 299)]  # and not paused again

@@ -339,6 +339,8 @@ WRITES = [
     "UPDATE allocator.high_water SET last_id = 0",
     "INSERT INTO allocator.pool_samples (claim_position, cut_position) VALUES (0, 0)",
     "TRUNCATE allocator.held_tickets",
+    "UPDATE allocator.claim_pause SET paused = false",
+    "INSERT INTO allocator.claim_pauses (paused_by, reason) VALUES ('x', 'y')",
     "SELECT nextval('allocator.claim_ticket')",
     "CREATE TABLE allocator.mine (x int)",
 ]
@@ -349,6 +351,13 @@ HELPERS = [
     "SELECT allocator.lock_fence(0, 50)",
     f"SELECT * FROM allocator.check_layout('{LAYOUT_JSON}', 'x')",
 ]
+
+PAUSES = [
+    "SELECT * FROM allocator.pause_claims('x')",
+    "SELECT * FROM allocator.claims_in_flight()",
+    "SELECT * FROM allocator.resume_claims('x')",
+]
+"""The operator's pause functions (migration 0010), in an order that runs clean."""
 
 
 def refusal(conn: Conn, statement: str) -> str | None:
@@ -382,9 +391,11 @@ def test_the_consumer_claims_and_reads_pool_status_and_is_refused_the_rest(
         "SELECT * FROM allocator.rebase_fence('x')",
         "SELECT * FROM allocator.replication_status()",
         *HELPERS,
+        *PAUSES,
         "SELECT * FROM allocator.blocks",
         "SELECT * FROM allocator.block_ledger",
         "SELECT * FROM allocator.leader_history",
+        "SELECT * FROM allocator.claim_pause_history",
     ]:
         assert refusal(consumer, statement) == INSUFFICIENT_PRIVILEGE, statement
 
@@ -400,9 +411,11 @@ def test_the_node_writes_only_through_the_fenced_functions(login_as: LoginAs) ->
     assert node.execute("SELECT epoch FROM allocator.pool_status").fetchone() == (60,)
     node.execute("SELECT * FROM allocator.leader_history").fetchall()
     node.execute("SELECT * FROM allocator.fence_history").fetchall()
+    node.execute("SELECT * FROM allocator.claim_pause_history").fetchall()
     for statement in [
         *WRITES,
         *HELPERS,
+        *PAUSES,
         "SELECT * FROM allocator.claim_blocks('node', 1)",
         "SELECT * FROM allocator.rebase_fence('x')",
         "SELECT * FROM allocator.reset_after_restore('x', -1, 1000)",
@@ -415,7 +428,14 @@ def test_the_node_writes_only_through_the_fenced_functions(login_as: LoginAs) ->
 @pytest.mark.usefixtures("stocked")
 def test_the_operator_reads_and_runs_the_audited_commands_only(login_as: LoginAs) -> None:
     operator = login_as("allocator_operator")
-    for view in ("pool_status", "block_ledger", "leader_history", "fence_history", "layout"):
+    for view in (
+        "pool_status",
+        "block_ledger",
+        "leader_history",
+        "fence_history",
+        "layout",
+        "claim_pause_history",
+    ):
         operator.execute(f"SELECT * FROM allocator.{view}").fetchall()
     for table in ("fenced_writes", "held_tickets", "pool_resets"):
         operator.execute(f"SELECT * FROM allocator.{table}").fetchall()
@@ -429,6 +449,8 @@ def test_the_operator_reads_and_runs_the_audited_commands_only(login_as: LoginAs
     ]:
         assert refusal(operator, statement) == INSUFFICIENT_PRIVILEGE, statement
     assert operator.execute("SELECT new_generation FROM allocator.rebase_fence('x')").fetchone()
+    for statement in PAUSES:
+        operator.execute(statement).fetchall()
 
 
 # -- the migration ---------------------------------------------------------------------------

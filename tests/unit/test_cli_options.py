@@ -31,6 +31,10 @@ TYPED_OPTIONS = {
     ("pool reset", "after_restore"),
     ("pool reset", "reason"),
     ("pool reset", "yes"),
+    ("pool reset", "old_database_url"),
+    ("pool reset", "old_database_unreachable"),
+    ("pool pause", "reason"),
+    ("pool resume", "reason"),
     ("local down", "purge"),
     ("local up", "node_command"),
 }

@@ -1,0 +1,73 @@
+"""Paused claims as the operator and a node see them (issue 19, item 4): ``allocator status``
+(text and ``--json``), a node's pool reading (``/status``'s ``pool`` and the
+``allocator_claims_paused`` metric)."""
+
+from __future__ import annotations
+
+import math
+
+import psycopg
+import pytest
+from click.testing import CliRunner
+from prometheus_client import generate_latest
+
+from allocator import cli, db
+from allocator.config import Config, load_config
+from allocator.metrics import NodeMetrics
+from allocator.pool_watch import PoolWatch
+from allocator.status import gather
+
+pytestmark = pytest.mark.integration
+
+REASON = "restore INC-9"
+
+
+@pytest.fixture
+def config(zk_hosts: str, db_url: str) -> Config:
+    return load_config(overrides={"zookeeper.hosts": zk_hosts, "postgres.url": db_url}, env={})
+
+
+def pause(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("SELECT * FROM allocator.pause_claims(%s)", (REASON,))
+
+
+def test_status_says_claims_are_paused_by_whom_and_why(config: Config, db_url: str) -> None:
+    served = gather(config).to_json()
+    assert served["pool"]["claims_paused"] is False
+    assert served["claims_pause"] is None
+    pause(db_url)
+    data = gather(config).to_json()
+    assert data["pool"]["claims_paused"] is True
+    assert data["claims_pause"]["reason"] == REASON
+    assert data["claims_pause"]["paused_by"] == "postgres"
+    text = CliRunner().invoke(
+        cli.main,
+        ["status"],
+        env={"ALLOCATOR_ZOOKEEPER_HOSTS": config.zookeeper.hosts, "ALLOCATOR_POSTGRES_URL": db_url},
+    )
+    assert text.exit_code == 0, text.output
+    assert f"!! CLAIMS PAUSED since {data['claims_pause']['paused_at']} by postgres: {REASON}" in (
+        text.output
+    )
+
+
+def sample(metrics: NodeMetrics) -> float:
+    for line in generate_latest(metrics.registry).decode().splitlines():
+        if line.startswith("allocator_claims_paused "):
+            return float(line.split()[1])
+    raise AssertionError("allocator_claims_paused is not exported")
+
+
+def test_a_nodes_pool_reading_exports_the_pause(config: Config, db_url: str) -> None:
+    metrics = NodeMetrics()
+    assert math.isnan(sample(metrics))  # no reading yet: no value, never a made-up 0
+    with db.NodeDatabase(config.postgres, node_name="t") as store:
+        watch = PoolWatch(store, config, metrics)
+        watch.read()
+        assert sample(metrics) == 0
+        pause(db_url)
+        status = watch.read()
+    assert status is not None
+    assert status.claims_paused
+    assert sample(metrics) == 1
