@@ -11,9 +11,13 @@ Rules:
 
 - Steps, in this order:
 
-  1. Connect to ZooKeeper (the config's servers, without the chroot), then read the fence
-     in the database and what ZooKeeper holds, before anything changes: an unreachable
-     ensemble fails the command while the fence is still untouched.
+  1. Connect to ZooKeeper (the config's servers, without the chroot), then read, before
+     anything changes: ZooKeeper's watermark, the fence and mark in the database, and
+     ZooKeeper's generation and newest zxid; an unreachable ensemble fails the command
+     while the fence is still untouched. That order: the watermark lags the database and
+     the zxids lead it (:func:`allocator.status.read_watermark`, :mod:`allocator.status`),
+     so a leader at work between the reads can make neither verdict below wrong. Refuse a
+     database that went back (below).
   2. Show the plan and get the confirmation (below); then recreate the chroot and the
      election path if they are missing (``ensure_path``; a wiped ensemble has neither,
      and the generation znode needs its parent).
@@ -28,6 +32,14 @@ Rules:
 - The database's generation is the one that counts; this command never lowers ZooKeeper's.
   When ZooKeeper already holds a higher generation than the database, the *database* was
   restored, not the ensemble: the command refuses (a re-base would move ZooKeeper back).
+- A database whose fence or mark is below ZooKeeper's watermark (:mod:`allocator.fence`)
+  went backwards (a restore, a failover that lost commits): its pool may hand out blocks
+  already claimed, which a re-base does not repair. The command refuses it (exit 78, the
+  way out named: ``allocator pool reset --after-restore``), before the generation check.
+  An absent watermark (a wiped ensemble: the usual case for a re-base) refuses nothing,
+  nor does one that does not parse (shown in the plan and the output, then ignored). The
+  plan shows the watermark the verdict used, and so does the outcome (``--json`` adds
+  ``watermark``, ``watermark_problem`` and ``watermark_znode``).
 - Confirmation: ``--yes``, or an answer on a terminal after the plan (step 1's findings)
   is shown; without a terminal and without ``--yes`` the command refuses before it
   connects to anything. Neither ``--yes`` nor
@@ -43,7 +55,8 @@ Rules:
   ZooKeeper comes from ``zookeeper.hosts`` (chroot included), ``zookeeper.auth`` (znodes
   created here carry the cluster's digest ACL) and ``zookeeper.election_path``.
 - Output: what happened, for people; ``--json`` for machines. Errors: one line, no
-  traceback, the error's exit code (2 refused or bad reason, 75 a server unavailable).
+  traceback, the error's exit code (2 refused or bad reason, 75 a server unavailable, 78
+  a database below the watermark).
 """
 
 from __future__ import annotations
@@ -66,7 +79,7 @@ from allocator import db, fence, status, zkclient
 from allocator.commands import options
 from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
 from allocator.config import Config
-from allocator.errors import AllocatorError, UsageError
+from allocator.errors import AllocatorError, ConfigError, UsageError
 
 MAX_REASON_CHARS = 1000
 """As ``allocator.rebase_fence`` checks it (AL106)."""
@@ -86,6 +99,16 @@ class Plan:
     database: str
     """The database URL, password masked."""
 
+    @property
+    def watermark_znode(self) -> str:
+        """The watermark's full path, chroot included."""
+        return fence.watermark_path(self.election_path)
+
+
+class DatabaseWentBackError(ConfigError):
+    """The database is below ZooKeeper's watermark: it needs ``pool reset --after-restore``,
+    not a re-base (exit 78, EX_CONFIG: retrying cannot help, an operator must act first)."""
+
 
 @dataclass(frozen=True)
 class Outcome:
@@ -100,6 +123,10 @@ class Outcome:
     created: list[str]
     was_ahead_of_zookeeper: bool | None
     record: status.RebaseRecord | None
+    watermark: fence.Watermark | None
+    """ZooKeeper's watermark as the plan read it (None: absent or unreadable)."""
+    watermark_problem: str | None
+    watermark_znode: str
 
     def to_json(self) -> dict[str, Any]:
         record = self.record
@@ -118,6 +145,9 @@ class Outcome:
             "rebase_id": record.rebase_id if record else None,
             "rebased_by": record.rebased_by if record else None,
             "rebased_at": record.rebased_at.isoformat() if record else None,
+            "watermark": self.watermark.to_json() if self.watermark else None,
+            "watermark_problem": self.watermark_problem,
+            "watermark_znode": self.watermark_znode,
         }
 
 
@@ -132,15 +162,20 @@ def check_reason(reason: str) -> str:
 
 
 def read_plan(client: KazooClient, config: Config, url: str) -> Plan:
-    """Step 1: the database's fence, then ZooKeeper's view of it (that order: see
-    :mod:`allocator.status`). Changes nothing."""
+    """Step 1: ZooKeeper's watermark, the database's fence and mark, then ZooKeeper's
+    generation and zxids (that order: see the module rules). Changes nothing."""
+    servers, chroot = status.split_hosts(config.zookeeper.hosts)
+    election_path = chroot + config.zookeeper.election_path
+    with status.zookeeper_errors(config, "read the watermark"):
+        status.wait(client.sync_async(election_path), config)
+        watermark, watermark_problem = status.read_watermark(client, election_path, config)
     pool, _terms = db.read_status(
         url, history_limit=1, connect_timeout_s=config.postgres.connect_timeout_s
     )
-    servers, chroot = status.split_hosts(config.zookeeper.hosts)
-    election_path = chroot + config.zookeeper.election_path
     with status.zookeeper_errors(config, "read the fence generation"):
-        zk_fence = status.read_zookeeper_fence(client, election_path, config)
+        zk_fence = status.read_zookeeper_fence(
+            client, election_path, config, watermark=(watermark, watermark_problem)
+        )
     report = status.FenceReport(
         pool.generation, pool.epoch, pool.holder, zk_fence, high_water_id=pool.high_water_id
     )
@@ -148,6 +183,20 @@ def read_plan(client: KazooClient, config: Config, url: str) -> Plan:
 
 
 def refuse_database_behind(plan: Plan) -> None:
+    """Refuses a database that went back: below ZooKeeper's watermark
+    (:class:`DatabaseWentBackError`, the way out named), or under ZooKeeper's generation.
+    An absent or unreadable watermark refuses nothing."""
+    report = plan.fence
+    reason = report.database_behind
+    copy = report.zookeeper.watermark
+    if reason is not None and copy is not None:
+        raise DatabaseWentBackError(
+            f"the database went backwards ({reason}): it holds fence {report.token}, mark "
+            f"{report.high_water_id}; ZooKeeper's watermark {plan.watermark_znode} holds fence "
+            f"{copy.token}, mark {copy.high_water_id}. Restored from a backup or failed over "
+            "to a standby that missed commits, it needs `allocator pool reset "
+            "--after-restore`, not a re-base (which repairs no pool); nothing changed"
+        )
     zk_generation = plan.fence.zookeeper.generation
     if zk_generation is not None and zk_generation > plan.fence.generation:
         raise AllocatorError(
@@ -157,6 +206,23 @@ def refuse_database_behind(plan: Plan) -> None:
         )
 
 
+def watermark_line(
+    znode: str, watermark: fence.Watermark | None, problem: str | None, behind: str | None
+) -> str:
+    """The watermark for people: its parts and the verdict, or why there is none."""
+    if watermark is not None:
+        verdict = (
+            f"the database is BELOW it ({behind})" if behind else "the database is not below it"
+        )
+        return (
+            f"watermark  {znode}: fence {watermark.token}, mark {watermark.high_water_id}: "
+            f"{verdict}"
+        )
+    if problem:
+        return f"watermark  {znode}: unreadable, ignored ({problem})"
+    return f"watermark  {znode}: none (as after a wipe; nothing to compare the database with)"
+
+
 def describe_plan(plan: Plan) -> list[str]:
     report = plan.fence
     zk = report.zookeeper
@@ -164,17 +230,22 @@ def describe_plan(plan: Plan) -> list[str]:
     zk_generation = "unreadable" if zk.generation is None else str(zk.generation)
     lines = [
         f"database   {plan.database}",
-        f"  fence    {report.token} held by {report.holder or 'nobody'}: "
-        f"{ahead[report.ahead_of_zookeeper]}",
+        f"  fence    {report.token} held by {report.holder or 'nobody'}, mark "
+        f"{report.high_water_id}: {ahead[report.ahead_of_zookeeper]}",
         f"zookeeper  {plan.hosts}",
         f"  {zk.generation_znode}: generation {zk_generation}; newest zxid "
         f"{zk.newest_zxid:#x} under {plan.election_path}",
+    ]
+    if zk.problem:
+        lines.append(f"  ({zk.problem}; it will be overwritten)")
+    lines += [
+        watermark_line(
+            plan.watermark_znode, zk.watermark, zk.watermark_problem, report.database_behind
+        ),
         f"re-base to generation {report.generation + 1} (epoch 0): the current term ends "
         "('rebased'), a leader still writing is fenced out (exit 4), and the first node in "
         "the election takes the fence under the new generation.",
     ]
-    if zk.problem:
-        lines.insert(4, f"  ({zk.problem}; it will be overwritten)")
     if report.ahead_of_zookeeper is False and not zk.problem:
         lines.append(
             "note: the fence is not ahead of ZooKeeper; this re-base only forces a handover"
@@ -264,6 +335,9 @@ def rebase(config: Config, url: str, reason: str, yes: bool) -> Outcome:
         plan = read_plan(client, config, url)
         refuse_database_behind(plan)
         confirm(plan, yes)
+        if not yes:  # an answer may take long: compare again with what holds now
+            plan = read_plan(client, config, url)
+            refuse_database_behind(plan)
         acl = zkclient.acl(config)
         created = ensure_paths(client, plan, acl, config)
         result = db.rebase_fence(url, reason, connect_timeout_s=config.postgres.connect_timeout_s)
@@ -291,6 +365,9 @@ def rebase(config: Config, url: str, reason: str, yes: bool) -> Outcome:
         created=created,
         was_ahead_of_zookeeper=plan.fence.ahead_of_zookeeper,
         record=record,
+        watermark=plan.fence.zookeeper.watermark,
+        watermark_problem=plan.fence.zookeeper.watermark_problem,
+        watermark_znode=plan.watermark_znode,
     )
 
 
@@ -333,6 +410,9 @@ def outcome_lines(outcome: Outcome) -> list[str]:
             f"zookeeper  {outcome.generation_znode} already holds generation {before} "
             f"(a concurrent re-base); left as it is"
         )
+    lines.append(
+        watermark_line(outcome.watermark_znode, outcome.watermark, outcome.watermark_problem, None)
+    )
     lines.append(
         "nodes take the fence under the new generation at their next attempt (within "
         f"{FENCE_AHEAD_BACKOFF_S:g} s); check with `allocator fence status`"
@@ -393,6 +473,11 @@ def audited_options(record: str) -> Callable[[Callable[..., Any]], Callable[...,
         USAGE,
         UNAVAILABLE,
         CONFIG,
+        (
+            DatabaseWentBackError.exit_code,
+            "the database went backwards (below ZooKeeper's watermark): run `allocator pool "
+            "reset --after-restore` instead",
+        ),
     ),
 )
 @audited_options("allocator.fence_history")
@@ -407,6 +492,8 @@ def rebase_command(
     """Advance the fence generation after a ZooKeeper ensemble was wiped or restored.
 
     Database first (audited), then the generation znode beside the election path.
+    Refuses a database below ZooKeeper's watermark (restored, or failed over with lost
+    commits): that one needs `allocator pool reset --after-restore`.
     """
     check_reason(reason)
     flags = {"postgres.url": database_url} if database_url else {}

@@ -4,6 +4,9 @@ database of its own, logged in as a role granted ``allocator_operator``.
 
 The fence starts ahead of ZooKeeper, as after an ensemble rebuild: the database holds a
 token from the old ensemble (a large czxid) and the test's chroot holds nothing at all.
+A test that puts a watermark there (a database that went backwards, or one that did not)
+creates the chroot with it. One test runs the command in-process, to let a leader cut
+between the command's reads.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from kazoo.client import KazooClient
 from kazoo.security import OPEN_ACL_UNSAFE
 from psycopg import sql
 
-from allocator import zkclient
-from tests.fixtures.pg import take_fence, url_for_user
+from allocator import db, zkclient
+from allocator.fence import Token, Watermark
+from tests.fixtures.pg import cut, layout_blocks, take_fence, url_for_user
 from tests.fixtures.zk import ZK_AUTH
+from tests.fuzz.clikit import invoke
 
 pytestmark = pytest.mark.integration
 
@@ -37,7 +42,8 @@ CHROOT = "/eu1"
 """Below the test's own chroot; absent until the re-base recreates it."""
 ELECTION_PATH = "/allocator/election"
 GENERATION_ZNODE = CHROOT + "/allocator/fence-generation"
-EX_USAGE, EX_TEMPFAIL = 2, 75
+WATERMARK_ZNODE = CHROOT + "/allocator/db-watermark"
+EX_USAGE, EX_TEMPFAIL, EX_CONFIG = 2, 75, 78
 REBASE_KEYS = {
     "old_generation",
     "old_epoch",
@@ -54,6 +60,8 @@ REBASE_KEYS = {
     "rebased_by",
     "rebased_at",
 }
+WATERMARK_KEYS = {"watermark", "watermark_problem"}
+"""Added to the re-base's --json (ZooKeeper's watermark as the plan read it)."""
 FENCE_KEYS = {"generation", "epoch", "holder", "zookeeper_generation", "ahead_of_zookeeper"}
 
 
@@ -131,6 +139,13 @@ def history(url: str) -> list[tuple[Any, ...]]:
             "SELECT rebased_by, old_generation, old_epoch, new_generation, reason"
             " FROM allocator.fence_history ORDER BY rebase_id"
         ).fetchall()
+
+
+def high_water_id(url: str) -> int:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT high_water_id FROM allocator.pool_status").fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def assert_unchanged(db_url: str, zk: KazooClient) -> None:
@@ -321,3 +336,170 @@ def test_status_reports_the_fence_ahead_until_a_rebase(
     zk.delete(GENERATION_ZNODE)
     fence = json.loads(cli("fence", "status", "--json", env=env).stdout)
     assert (fence["ahead_of_zookeeper"], fence["zookeeper_generation"]) == (True, 0)
+
+
+# -- ZooKeeper's watermark: a database that went backwards is not re-based --------------------
+
+
+@pytest.mark.parametrize("behind", ["fence", "mark", "both"])
+def test_rebase_refuses_a_database_below_the_watermark(
+    db_url: str, zk: KazooClient, env: dict[str, str], behind: str
+) -> None:
+    # The reviewer's reproduction: the database restored from a backup, ZooKeeper's
+    # watermark still holding what the lost commits had reached.
+    mark = high_water_id(db_url)
+    token = Token(0, OLD_EPOCH + 1) if behind in ("fence", "both") else Token(0, OLD_EPOCH)
+    watermark = Watermark(token, mark + 1000 if behind in ("mark", "both") else mark)
+    zk.create(WATERMARK_ZNODE, watermark.to_bytes(), makepath=True)
+    before = zk.get(WATERMARK_ZNODE)
+
+    done = cli("fence", "rebase", "--reason", "zk rebuilt", "--yes", "--json", env=env)
+
+    assert done.returncode == EX_CONFIG, done.stderr
+    error = one_line_error(done)
+    assert f"fence {Token(0, OLD_EPOCH)}, mark {mark}" in error  # the database's
+    assert f"fence {watermark.token}, mark {watermark.high_water_id}" in error  # ZooKeeper's
+    assert "went backwards" in error
+    assert "`allocator pool reset --after-restore`" in error
+    assert error.rstrip().endswith("nothing changed")
+    assert done.stdout == ""
+    # Nothing written: not the database, not ZooKeeper (no path recreated, no generation).
+    assert fence_row(db_url) == (0, OLD_EPOCH, "node-1")
+    assert high_water_id(db_url) == mark
+    assert history(db_url) == []
+    assert zk.get(WATERMARK_ZNODE) == before
+    assert zk.get_children(CHROOT) == ["allocator"]
+    assert zk.get_children(CHROOT + "/allocator") == ["db-watermark"]
+
+
+def test_rebase_refuses_a_database_below_the_watermark_before_the_prompt(
+    db_url: str, zk: KazooClient, env: dict[str, str]
+) -> None:
+    mark = high_water_id(db_url)
+    zk.create(WATERMARK_ZNODE, Watermark(Token(2, 5), mark).to_bytes(), makepath=True)
+    controller, terminal = pty.openpty()
+    try:
+        os.write(controller, b"y\n")  # would confirm, were the question asked
+        done = cli("fence", "rebase", "--reason", "zk rebuilt", env=env, stdin=terminal)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert done.returncode == EX_CONFIG, done.stderr
+    assert "Re-base the fence?" not in done.stderr
+    assert "`allocator pool reset --after-restore`" in one_line_error(done)
+    assert fence_row(db_url) == (0, OLD_EPOCH, "node-1")
+    assert history(db_url) == []
+    assert zk.exists(GENERATION_ZNODE) is None
+
+
+@pytest.mark.parametrize("watermark", ["absent", "at the database", "below the database"])
+def test_rebase_goes_ahead_when_the_database_is_not_below_the_watermark(
+    db_url: str, zk: KazooClient, env: dict[str, str], watermark: str
+) -> None:
+    # Absent: a wiped ensemble, the usual case for a re-base. Present (an ensemble restored
+    # from an older snapshot): the database at or past it went nowhere.
+    mark = high_water_id(db_url)
+    copy = {
+        "absent": None,
+        "at the database": Watermark(Token(0, OLD_EPOCH), mark),
+        "below the database": Watermark(Token(0, OLD_EPOCH - 7), -1),
+    }[watermark]
+    if copy is not None:
+        zk.create(WATERMARK_ZNODE, copy.to_bytes(), makepath=True)
+
+    done = cli("fence", "rebase", "--reason", "zk rebuilt", "--yes", "--json", env=env)
+
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out.keys() >= REBASE_KEYS | WATERMARK_KEYS
+    assert out["watermark"] == (copy.to_json() if copy else None)
+    assert out["watermark_problem"] is None
+    assert (out["old_generation"], out["new_generation"]) == (0, 1)
+    assert fence_row(db_url) == (1, 0, None)
+    assert zk.get(GENERATION_ZNODE)[0] == b"1"
+    if copy is not None:
+        assert zk.get(WATERMARK_ZNODE)[0] == copy.to_bytes()  # the next leader raises it
+
+
+def test_rebase_reports_and_ignores_a_watermark_that_does_not_parse(
+    db_url: str, zk: KazooClient, env: dict[str, str]
+) -> None:
+    zk.create(WATERMARK_ZNODE, b"not a watermark", makepath=True)
+
+    done = cli("fence", "rebase", "--reason", "zk rebuilt", "--yes", "--json", env=env)
+
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["watermark"] is None
+    assert "not JSON" in out["watermark_problem"]
+    assert fence_row(db_url) == (1, 0, None)
+
+    # The human output says it too.
+    done = cli("fence", "rebase", "--reason", "again", "--yes", env=env)
+    assert done.returncode == 0, done.stderr
+    assert "watermark" in done.stdout
+    assert "not JSON" in done.stdout
+    assert "ignored" in done.stdout
+
+
+@pytest.mark.parametrize("watermark", ["absent", "present", "unreadable"])
+def test_rebase_plan_shows_the_watermark(
+    db_url: str, zk: KazooClient, env: dict[str, str], watermark: str
+) -> None:
+    mark = high_water_id(db_url)
+    copy = Watermark(Token(0, OLD_EPOCH - 1), mark)
+    if watermark != "absent":
+        data = copy.to_bytes() if watermark == "present" else b"[1, 2]"
+        zk.create(WATERMARK_ZNODE, data, makepath=True)
+    controller, terminal = pty.openpty()
+    try:
+        os.write(controller, b"n\n")
+        done = cli("fence", "rebase", "--reason", "zk rebuilt", env=env, stdin=terminal)
+    finally:
+        os.close(terminal)
+        os.close(controller)
+    assert done.returncode == 1, done.stderr
+    assert "Re-base the fence?" in done.stderr
+    assert "cancelled; nothing changed" in done.stderr
+    plan = done.stderr.split("Re-base the fence?", 1)[0]
+    [line] = [line for line in plan.splitlines() if line.startswith("watermark")]
+    assert "db-watermark" in line
+    if watermark == "present":
+        assert f"fence {copy.token}, mark {mark}" in line
+        assert "the database is not below it" in line
+    elif watermark == "absent":
+        assert "none" in line
+    else:
+        assert "not a JSON object" in line
+        assert "ignored" in line
+    assert fence_row(db_url) == (0, OLD_EPOCH, "node-1")
+    assert history(db_url) == []
+
+
+def test_rebase_is_not_refused_when_a_leader_cuts_between_its_reads(
+    db_url: str, zk: KazooClient, env: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The watermark lags the database (a leader raises it after its cuts commit), so the
+    # command reads it before the database: a leader that cuts and raises it between the
+    # command's two reads must not read as a database that went backwards.
+    zk.create(WATERMARK_ZNODE, Watermark(Token(0, OLD_EPOCH), -1).to_bytes(), makepath=True)
+    read_status = db.read_status
+
+    def read_then_a_leader_cuts(*args: Any, **kwargs: Any) -> Any:
+        result = read_status(*args, **kwargs)
+        with psycopg.connect(db_url, autocommit=True) as admin:
+            cut(admin, OLD_EPOCH, layout_blocks(3))
+        mark = high_water_id(db_url)
+        data, stat = zk.get(WATERMARK_ZNODE)
+        raised = Watermark.from_bytes(data).merge(Watermark(Token(0, OLD_EPOCH), mark))
+        zk.set(WATERMARK_ZNODE, raised.to_bytes(), version=stat.version)
+        return result
+
+    monkeypatch.setattr(db, "read_status", read_then_a_leader_cuts)
+    for name in [n for n in os.environ if n.startswith("ALLOCATOR_")]:
+        monkeypatch.delenv(name)
+    done = invoke(["fence", "rebase", "--reason", "zk rebuilt", "--yes", "--json"], env=env)
+
+    assert done.exit_code == 0, done.output
+    assert fence_row(db_url) == (1, 0, None)
+    assert json.loads(done.stdout)["watermark"] == Watermark(Token(0, OLD_EPOCH), -1).to_json()
