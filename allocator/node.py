@@ -407,12 +407,13 @@ class Node:
             election_path=self._config.zookeeper.election_path,
             start_time=reaper.own_start_time(self._pid),
             boot_id=reaper.boot_id(),
+            pid_namespace=reaper.pid_namespace(),
         )
         try:
-            path = session_file.write(self._state_dir, record)
+            path = session_file.write(self._state_dir, record, hold=True)
         except OSError as exc:
             # The node can do its job without it; only a later clean-up of this session
-            # from outside cannot. Never leave a file naming an older session.
+            # from outside cannot. Remove a file of ours naming an older session.
             log.error(
                 "session_file_failed",
                 name=self.name,
@@ -424,10 +425,17 @@ class Node:
         log.info("session_recorded", name=self.name, session_id=f"{client_id[0]:#x}", path=path)
 
     def _forget_session(self) -> None:
+        """Remove the session file this process wrote (one another process wrote since is
+        not this node's to remove), then let go of the state folder's lock."""
         if self._state_dir is None or not self._state_dir_ready:
             return
+        me = (self._pid, reaper.own_start_time(self._pid), reaper.pid_namespace())
+
+        def written_by_me(record: session_file.SessionRecord) -> bool:
+            return (record.pid, record.start_time, record.pid_namespace) == me
+
         try:
-            session_file.remove(self._state_dir)
+            session_file.remove(self._state_dir, only_if=written_by_me)
         except OSError as exc:
             log.warning(
                 "session_file_remove_failed",
@@ -435,6 +443,8 @@ class Node:
                 dir=self._state_dir,
                 error=exc.strerror or str(exc),
             )
+        finally:
+            session_file.release(self._state_dir)
 
     def _loop(self) -> int:
         while not self._stop.is_set():

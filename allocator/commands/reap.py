@@ -3,7 +3,10 @@
 Rules: reads the node's configuration exactly as ``allocator run`` does (``--name``
 overrides ``node.name``), then does only what a starting node does first
 (:func:`allocator.reaper.reap`): read ``<node.state_dir>/session.json`` and close that
-session if, and only if, its process is provably dead on this host. For systemd's
+session if, and only if, its process is provably dead on this host: the lock the node
+holds on its state folder is free, or its pid is gone in the pid namespace it ran in. From
+another pid namespace (``docker compose run``) or without a readable ``/proc``, a pid it
+cannot see counts as alive: run it in the node's container (``exec``). For systemd's
 ``ExecStopPost=`` (the unit's main process has exited by then), so a crash hands over at
 once instead of after ``RestartSec`` plus the start-up. Prints one line: what it did and
 why. Exit 0 whatever it decided (nothing to reap, ignored, alive, reaped, or ZooKeeper

@@ -14,7 +14,10 @@ Rules (systemd's ``Restart=always``, for the nodes of one state folder):
   :func:`~allocator.local.nodes.base_env` of ours plus the node's spec.
 - Whenever a node exits (asked to or not), the session it may have left is reaped in a
   thread (:mod:`allocator.reaper`; the child handle proves the process dead, so its
-  successor need not wait for ZooKeeper to expire the session).
+  successor need not wait for ZooKeeper to expire the session). The thread removes the
+  session file only while it still names the session it closed and the restarted node
+  does not hold the state folder's lock: a restarted node that recorded its own session
+  while the thread connected keeps its file.
 - A node that exits when nobody asked it to (any exit code, any signal) is restarted after
   a backoff: 0.2 s, doubling up to 2 s; a node that ran 10 s or more starts again at 0.2 s.
   ``restarts`` counts these restarts. A node that cannot even be spawned counts as exited

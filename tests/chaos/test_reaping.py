@@ -1,6 +1,7 @@
 """Chaos: a crashed node's session is reaped (by its supervisor, or by the node itself when
 it starts again), so the handover does not wait for ZooKeeper to expire it; a paused
-leader is never reaped.
+leader is never reaped; the supervisor's reaper leaves the restarted node's own session
+file alone (issue 19, item 6).
 
 Rules: the session timeout is 20 s (the local ZooKeeper's maximum), so a handover within
 half of it can only come from reaping: no timing is measured, the bound is the
@@ -20,7 +21,7 @@ import pytest
 
 from allocator import session_file
 from allocator.local import nodes as nodes_mod
-from tests.chaos.harness import ChaosCluster, chaos_consumers, log_events, wait_for
+from tests.chaos.harness import ChaosCluster, chaos_consumers, http_json, log_events, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -45,13 +46,31 @@ def reap_session(chaos: ChaosCluster, name: str) -> subprocess.CompletedProcess[
     )
 
 
+def assert_records_its_live_session(chaos: ChaosCluster, name: str) -> None:
+    """Supervised node ``name`` runs again, and its session file names its process and the
+    session its ``/status`` shows."""
+
+    def recorded() -> bool:
+        node = chaos.node(name)
+        record = session_file.read(chaos.node_state_dir(name))
+        if node.pid is None or record is None or record.pid != node.pid:
+            return False
+        return bool(
+            http_json(f"{node.admin_url}/status")["session_id"] == f"{record.session_id:#x}"
+        )
+
+    wait_for(recorded, f"restarted {name} to record its live session", ignore=(OSError,))
+
+
 def test_a_killed_leader_is_reaped_and_a_paused_one_is_not() -> None:
     """Breaks: SIGSTOP of the leader (``reap-session`` must refuse: it runs), then SIGKILL
     of that paused leader, then SIGKILL of the next leader.
 
     Must hold: the paused node's session file stays and nobody reaps it; each SIGKILL is
     followed by a new leader well before the session could expire, because the supervisor
-    reaped the session (``event=session_reaped`` in its log); the checker finds nothing."""
+    reaped the session (``event=session_reaped`` in its log); each killed node, restarted,
+    keeps a session file naming its live session (the reaper removed only the dead one's);
+    the checker finds nothing."""
     with ChaosCluster(zk=1, nodes=3, session_timeout_ms=SESSION_TIMEOUT_MS) as chaos:
         first = chaos.wait_leader()
         chaos.wait_pool(100)
@@ -77,6 +96,8 @@ def test_a_killed_leader_is_reaped_and_a_paused_one_is_not() -> None:
                 "the supervisor to log both reapings",
             )
             assert reaped
+            for name in (first.name, second.name):
+                assert_records_its_live_session(chaos, name)
             chaos.assert_clean(consumers)
         finally:
             consumers.stop()
