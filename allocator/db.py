@@ -63,11 +63,12 @@ from allocator import logs, sql
 from allocator.config import PostgresConfig
 from allocator.db_errors import translate as translate  # also db.translate, for callers
 from allocator.errors import (
+    DatabaseBehindError,
     DatabaseError,
     InvalidBatchError,
     WriteAbandonedError,
 )
-from allocator.fence import Token
+from allocator.fence import Token, Watermark, database_behind
 from allocator.layout import Layout
 
 log = logs.get_logger(__name__)
@@ -252,6 +253,20 @@ def _translated(what: str) -> Iterator[None]:
         raise translate(exc, what) from exc
 
 
+def _refuse_behind(row: tuple[Any, ...] | None, watermark: Watermark) -> None:
+    """Raise :class:`DatabaseBehindError` if the fence row ``row`` (epoch, holder,
+    high_water_id, generation) lies below ``watermark``."""
+    if row is None:
+        raise DatabaseError("compare with the watermark: the database returned no row")
+    held = Token(int(row[3]), int(row[0]))
+    high_water_id = int(row[2])
+    reason = database_behind(held, high_water_id, watermark)
+    if reason is not None:
+        raise DatabaseBehindError(
+            reason, generation=held.generation, epoch=held.epoch, high_water_id=high_water_id
+        )
+
+
 CommitCheck = Callable[[], bool]
 """Asked right before COMMIT of a fenced write; False rolls the write back (leadership doubt)."""
 
@@ -423,8 +438,22 @@ class NodeDatabase:
 
     # -- the fence and block writes -------------------------------------------------------
 
-    def take_fence(self, token: Token, holder: str, host: str, pid: int) -> Takeover:
+    def take_fence(
+        self,
+        token: Token,
+        holder: str,
+        host: str,
+        pid: int,
+        watermark: Watermark | None = None,
+    ) -> Takeover:
         """Move the fence to ``token`` (which must be newer) and record the term.
+
+        With ``watermark`` (ZooKeeper's, as the node read it), the database is first compared
+        with it in the same transaction: a database below it (:func:`allocator.fence.
+        database_behind`) raises :class:`DatabaseBehindError` and nothing is written. So no
+        takeover happens without a completed comparison: a comparison that cannot be made is
+        a takeover that cannot be made. (The fence and the mark only move forward, so a
+        database not behind at the read is not behind at the takeover.)
 
         Waits for a fenced write in flight (up to the takeover lock timeout). Raises
         :class:`StaleTakeoverError` when the fence already holds ``token`` or a newer one,
@@ -447,6 +476,8 @@ class NodeDatabase:
             cursor.execute(
                 sql.SET_LOCAL_LOCK_TIMEOUT, {"lock_timeout": str(self._takeover_lock_timeout_ms)}
             )
+            if watermark is not None:
+                _refuse_behind(conn.execute(sql.FENCE_AND_HIGH_WATER).fetchone(), watermark)
             row = cursor.execute(sql.TAKE_FENCE, params).fetchone()
         if row is None:
             raise DatabaseError(f"{what}: the database returned no row")

@@ -100,6 +100,9 @@ class Identity:
     admin_address: str
     db_ok: bool | None = None
     clock_ok: bool | None = None
+    blocked: str | None = None
+    """Why this contender, first in the queue, cannot take the fence (``Node``'s blocked
+    reasons); None when it is not blocked. Shown by ``status``; older versions ignore it."""
 
     def to_bytes(self) -> bytes:
         data: dict[str, Any] = {
@@ -112,6 +115,8 @@ class Identity:
             data["db_ok"] = self.db_ok
         if self.clock_ok is not None:
             data["clock_ok"] = self.clock_ok
+        if self.blocked is not None:
+            data["blocked"] = self.blocked
         return json.dumps(data, sort_keys=True).encode()
 
     @property
@@ -158,6 +163,18 @@ class Identity:
                 return None
             return value
 
+        def reason(key: str) -> str | None:
+            value = raw.get(key)
+            if value is None:
+                return None
+            if not isinstance(value, str) or not 1 <= len(value) <= MAX_NAME_CHARS:
+                problems.append(f"{key}: not a string of 1..{MAX_NAME_CHARS} characters")
+                return None
+            if not value.isprintable():
+                problems.append(f"{key}: control characters")
+                return None
+            return value
+
         pid = raw.get("pid")
         if not isinstance(pid, int) or isinstance(pid, bool) or not 0 <= pid < 2**63:
             problems.append("pid: not a whole number >= 0")
@@ -169,6 +186,7 @@ class Identity:
             admin_address=text("admin", "", MAX_TEXT_CHARS, least=0),
             db_ok=flag("db_ok"),
             clock_ok=flag("clock_ok"),
+            blocked=reason("blocked"),
         )
         return identity, "; ".join(problems) or None
 

@@ -92,6 +92,19 @@ class DatabaseUnavailableError(DatabaseError):
     exit_code = 75  # EX_TEMPFAIL
 
 
+class DatabaseBehindError(DatabaseError):
+    """The database lies below ZooKeeper's watermark (restored from a backup, or failed over
+    to a standby that missed commits): a takeover found it so and wrote nothing. ``reason``
+    says which part; ``generation``, ``epoch`` and ``high_water_id`` are what it holds."""
+
+    def __init__(self, reason: str, *, generation: int, epoch: int, high_water_id: int) -> None:
+        super().__init__(f"the database is below ZooKeeper's watermark: {reason}")
+        self.reason = reason
+        self.generation = generation
+        self.epoch = epoch
+        self.high_water_id = high_water_id
+
+
 class FenceError(AllocatorError):
     """PostgreSQL refused a leader's write under the fence protocol (DESIGN §3)."""
 

@@ -83,6 +83,12 @@ class NodeHealth:
         elif self._clock_bad_since is None:
             self._clock_bad_since = self._clock()
 
+    def clock_disagreeing_for_s(self) -> float | None:
+        """How long the clock has disagreed without a break; None while it agrees."""
+        with self._lock:
+            since = self._clock_bad_since
+            return None if since is None else self._clock() - since
+
     def advert(self) -> Advert:
         with self._lock:
             return Advert(db_ok=self._db_ok, clock_ok=self._clock_ok)

@@ -24,6 +24,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client import Enum as EnumMetric
 
 SESSION_STATES = ["connecting", "connected", "suspended", "lost"]
+BLOCKED_REASONS = (
+    "database_unreachable",
+    "fence_generation_unreadable",
+    "fence_ahead_of_zookeeper",
+    "database_behind_zookeeper",
+)
+"""Why a node first in the election cannot take the fence (``allocator_blocked``)."""
 
 
 class NodeMetrics:
@@ -195,6 +202,15 @@ class NodeMetrics:
             "(not ephemeral, or not named n-<32 hex>-<10 digits>)",
             registry=r,
         )
+        self.blocked = Gauge(
+            "allocator_blocked",
+            "1 for the reason this node, first in the election, cannot take the fence "
+            "(one series per reason; all 0 while it leads or follows)",
+            ["reason"],
+            registry=r,
+        )
+        for reason in BLOCKED_REASONS:
+            self.blocked.labels(reason=reason).set(0)
         self.job_errors = Counter(
             "allocator_job_errors",
             "Scheduled job runs that failed (label task: not job, which Prometheus owns)",
@@ -215,6 +231,12 @@ class NodeMetrics:
         self.pool_available_blocks.set(available_blocks)
         self.pool_runway_seconds.set(math.inf if runway_s is None else runway_s)
         self.pool_claim_rate.set(claim_rate or 0.0)
+
+    def blocked_by(self, reason: str | None) -> None:
+        """``allocator_blocked``: 1 for ``reason`` (one of :data:`BLOCKED_REASONS`), 0 for
+        the others; None: not blocked."""
+        for known in BLOCKED_REASONS:
+            self.blocked.labels(reason=known).set(int(known == reason))
 
     def leadership_ended(self) -> None:
         """Reset what only a leader exports (module rules)."""

@@ -20,14 +20,22 @@ Rules (DESIGN §3, §4, §11; the invariants I3 and I6):
   (AL104) is a configuration error: exit ``EXIT_CONFIG``.
 - A takeover refused as stale (AL101) is either a race (another node took a newer token:
   leave, back off, rejoin) or the fence is *ahead of ZooKeeper* (an ensemble wiped or
-  restored): then the node reports it (metric, log, ``/status``), stays first in the queue
-  and retries slowly; nobody could take the fence, so leaving would only churn. An operator
-  ends it with ``allocator fence rebase``.
+  restored): nobody could take the fence, so leaving would only churn.
+- *Blocked*: first in the election, but no takeover can succeed. The node says why (role
+  ``blocked``, ``/status`` ``blocked``, ``allocator_blocked{reason}``, its advert) and
+  retries slowly: ``fence_ahead_of_zookeeper`` and ``fence_generation_unreadable`` (an
+  operator runs ``allocator fence rebase``), ``database_behind_zookeeper`` (``allocator pool
+  reset --after-restore``) stay first, as every node would find the same;
+  ``database_unreachable`` is this node's own: it leaves at once when a contender
+  advertises a reachable database and an agreeing clock, and stays first only while nobody
+  does. The watermark is compared inside the takeover's transaction: no fence is taken
+  without a completed comparison.
 - Every node probes the database (:mod:`allocator.health`) and advertises in its znode
   whether it reaches it and whether its clock agrees with the database's. A leader whose
   clock has disagreed for ``leader.clock_skew_handover_s`` or whose writes have all failed
   for ``leader.db_unreachable_s`` steps down, but only when some contender advertises both;
-  otherwise it keeps leading and reports the handover as withheld (no churn).
+  otherwise it keeps leading and reports the handover as withheld (no churn). A leader whose
+  clock disagrees while the pool holds less than a handover's runway hands over at once.
 - Graceful step-down (`allocator step-down`, POST /step-down) and SIGTERM: stop the jobs,
   record the end of the term, delete the znode (the next node takes over at once); step-down
   then rejoins at the back of the queue, SIGTERM exits 0.
@@ -69,7 +77,7 @@ from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 
-from allocator import fence, logs, reaper, runway, session_file, zkclient
+from allocator import fence, health, logs, reaper, runway, session_file, zkclient
 from allocator.admin import AdminServer
 from allocator.cluster_view import ClusterView
 from allocator.config import Config
@@ -83,6 +91,7 @@ from allocator.election import (
 )
 from allocator.errors import (
     AllocatorError,
+    DatabaseBehindError,
     DatabaseError,
     DatabaseUnavailableError,
     FencedError,
@@ -195,6 +204,8 @@ class Node:
         self._since = time.time()
         self._fence_ahead: dict[str, Any] | None = None
         self._database_behind: dict[str, Any] | None = None
+        self._blocked: dict[str, str] | None = None
+        """Why this node, first in the election, cannot take the fence (reason, detail)."""
         self._watermark: fence.Watermark | None = None
         """ZooKeeper's watermark as we last read or raised it."""
         self._watermark_lock = threading.Lock()
@@ -202,6 +213,11 @@ class Node:
         self._watermark_raised_at = 0.0
         self._handover_withheld: str | None = None
         self._probe_thread: threading.Thread | None = None
+        self._probe_call: threading.Thread | None = None
+        """The probe in flight (one at a time: see :meth:`_probe_loop`)."""
+        self._published: Identity | None = None
+        """What our znode advertises, as we last wrote it (None: not written yet)."""
+        self._scanned_at = 0.0
         self._election_findings: tuple[tuple[str, ...], tuple[str, ...]] = ((), ())
         """(unparsable, ignored) znodes as last reported, so each change logs once."""
 
@@ -267,6 +283,7 @@ class Node:
             "clock_offset_ms": self._health.offset_ms,
             "fence_ahead_of_zookeeper": self._fence_ahead,
             "database_behind_zookeeper": self._database_behind,
+            "blocked": self._blocked,
             "handover_withheld": self._handover_withheld,
             "async_replication": self._health.async_replication,
             "async_replication_allowed": self._config.postgres.allow_async_replication,
@@ -329,6 +346,7 @@ class Node:
 
     def _identity(self) -> Identity:
         advert = self._health.advert()
+        blocked = self._blocked  # once: the main thread may clear it meanwhile
         return Identity(
             self.name,
             self._host,
@@ -336,6 +354,7 @@ class Node:
             self._admin.url,
             db_ok=advert.db_ok,
             clock_ok=advert.clock_ok,
+            blocked=blocked["reason"] if blocked else None,
         )
 
     def _start_session(self) -> Election:
@@ -464,8 +483,7 @@ class Node:
                 continue
             try:
                 election.join()
-                if self._fence_ahead is None and self._database_behind is None:
-                    # "blocked" stays until a takeover clears it
+                if self._blocked is None:  # "blocked" stays until the node leads or leaves
                     self._role = "follower"
                 if not election.wait_until_first(self._interrupt, recheck_s=RECHECK_INTERVAL_S):
                     continue
@@ -514,25 +532,38 @@ class Node:
             root.close()
 
     def _token(self, election: Election) -> fence.Token | None:
-        """Our token, or None (reported) when the generation znode holds garbage."""
+        """Our token, or None when the generation znode holds garbage: then the node is
+        blocked (every node reads the same znode; ``allocator fence rebase`` rewrites it)."""
         czxid = election.token()
         try:
             generation = election.generation()
         except ValueError as exc:
-            log.error("fence_generation_unreadable", name=self.name, error=str(exc))
+            self._block("fence_generation_unreadable", str(exc))
             return None
         return fence.Token(generation, czxid)
 
     def _lead(self, election: Election) -> int | None:
+        """First in the election: take the fence and lead, or say why not (blocked)."""
         token = self._token(election)
         if token is None:
-            self._pause(FENCE_AHEAD_BACKOFF_S)
-            return None
-        if self._report_database_behind(election):
             self._pause(FENCE_AHEAD_BACKOFF_S)  # stay first: every node would find the same
             return None
+        if self._health.advert().db_ok is False:
+            # The probe already failed: a takeover would only wait out the dead path.
+            self._database_unreachable(election, "the last probe did not reach the database")
+            return None
+        watermark = self._read_watermark(election)
         try:
-            takeover = self._db.take_fence(token, self.name, self._host, self._pid)
+            # The watermark comparison runs in the takeover's own transaction: no takeover
+            # without a completed comparison (a failed one is an unreachable database).
+            takeover = self._db.take_fence(token, self.name, self._host, self._pid, watermark)
+        except DatabaseBehindError as exc:
+            assert watermark is not None
+            held = fence.Token(exc.generation, exc.epoch)
+            self._set_database_behind(exc.reason, held, exc.high_water_id, watermark)
+            self._block("database_behind_zookeeper", exc.reason)
+            self._pause(FENCE_AHEAD_BACKOFF_S)  # stay first: every node would find the same
+            return None
         except StaleTakeoverError as exc:
             if self._report_fence_ahead(election, token):
                 self._pause(FENCE_AHEAD_BACKOFF_S)  # stay first: leaving would only churn
@@ -548,11 +579,13 @@ class Node:
             return EXIT_CONFIG
         except DatabaseUnavailableError as exc:
             log.error("takeover_failed", name=self.name, token=str(token), error=str(exc))
-            # Make way only for a contender that reaches the database; when nobody does,
-            # rotating the queue would be churn for nothing (DESIGN §11).
-            if self._fit_contenders(election):
-                self._leave(election)
-            self._pause(STALE_TAKEOVER_BACKOFF_S)
+            if self._health.advert().db_ok:
+                # The probe reaches the database: a lock or statement timeout (a paused
+                # ex-leader's open transaction holds the fence row), not a dead path. Stay
+                # first and try again; the next probe tells if the path died meanwhile.
+                self._pause(STALE_TAKEOVER_BACKOFF_S)
+            else:
+                self._database_unreachable(election, str(exc))
             return None
         except DatabaseError as exc:
             log.error("takeover_failed", name=self.name, token=str(token), error=str(exc))
@@ -560,6 +593,8 @@ class Node:
             self._pause(STALE_TAKEOVER_BACKOFF_S)
             return None
         self._clear_fence_ahead()
+        self._clear_database_behind()
+        self._unblock()
         term = self._term_factory(token, self._guard)
         self._term = term
         self._fenced.clear()
@@ -669,6 +704,8 @@ class Node:
         """A reason to step down now, if one applies AND a fit contender would take over."""
         leader = self._config.leader
         reason = self._health.handover_reason(leader.clock_skew_handover_s, leader.db_unreachable_s)
+        if reason is None and self._cannot_cut_and_pool_short():
+            reason = health.CLOCK_SKEW  # at once: waiting out the handover delay drains the pool
         if reason is None:
             if self._handover_withheld is not None:
                 log.info("handover_no_longer_needed", name=self.name)
@@ -690,6 +727,23 @@ class Node:
         self._handover_withheld = reason
         self._metrics.handover_withheld.set(1)
         return None
+
+    def _cannot_cut_and_pool_short(self) -> bool:
+        """True while this leader's clock disagrees with the database's (it may not cut) and
+        the pool holds less than the runway a handover needs (or nothing): a cold cluster
+        whose first leader's clock is wrong must not wait ``leader.clock_skew_handover_s``
+        with an empty pool while a sound contender queues."""
+        disagreeing_s = self._health.clock_disagreeing_for_s()
+        if disagreeing_s is None or disagreeing_s < self._config.leader.probe_interval_s:
+            return False  # not on one noisy reading
+        status = self._pool_watch.last
+        if status is None:
+            return False
+        if status.available_blocks == 0:
+            return True
+        return status.runway_s is not None and status.runway_s < runway.needed_runway_s(
+            self._config
+        )
 
     def _fit_contenders(self, election: Election) -> list[Contender]:
         """Other contenders that advertise a reachable database and an agreeing clock (in
@@ -733,7 +787,11 @@ class Node:
             )
         self._fence_ahead = state
         self._metrics.fence_ahead_of_zookeeper.set(1)
-        self._role = "blocked"
+        self._block(
+            "fence_ahead_of_zookeeper",
+            f"the fence {held} is newer than anything this ensemble issued (generation "
+            f"{token.generation}, newest zxid {newest:#x})",
+        )
         return True
 
     def _clear_fence_ahead(self) -> None:
@@ -742,29 +800,63 @@ class Node:
         self._fence_ahead = None
         self._metrics.fence_ahead_of_zookeeper.set(0)
 
+    # -- blocked: first in the election, but no takeover can succeed -----------------------
+
+    def _block(self, reason: str, detail: str) -> None:
+        """Report (role, ``/status``, advert, ``allocator_blocked``; a log line per new
+        reason) why this node, first in the election, does not take the fence."""
+        if self._blocked is None or self._blocked["reason"] != reason:
+            log.error("blocked", name=self.name, reason=reason, detail=detail)
+        self._blocked = {"reason": reason, "detail": detail}
+        self._role = "blocked"
+        self._metrics.blocked_by(reason)
+
+    def _unblock(self) -> None:
+        if self._blocked is not None:
+            log.info("unblocked", name=self.name, reason=self._blocked["reason"])
+        self._blocked = None
+        self._metrics.blocked_by(None)
+
+    def _database_unreachable(self, election: Election, detail: str) -> None:
+        """First in the election without a database: make way for a contender that reaches
+        it; when nobody does, stay first (rotating the queue would be churn for nothing,
+        DESIGN §11), blocked, until a fit contender queues or the database answers again."""
+        if self._make_way(election):
+            return
+        self._block("database_unreachable", detail)
+        deadline = time.monotonic() + FENCE_AHEAD_BACKOFF_S
+        while not self._interrupt.wait(RECHECK_INTERVAL_S):
+            if self._make_way(election) or self._health.advert().db_ok:
+                return  # made way, or reachable again: the loop tries the takeover now
+            if time.monotonic() >= deadline:
+                return
+
+    def _make_way(self, election: Election) -> bool:
+        """Leave the election if a contender advertises a reachable database and an agreeing
+        clock (it takes over at once; we queue again at the back). True if we left."""
+        fit = self._fit_contenders(election)
+        if not fit:
+            return False
+        log.warning(
+            "making_way", name=self.name, reason="database_unreachable", to=fit[0].identity.name
+        )
+        self._leave(election)
+        self._role = "follower"
+        self._pause(STALE_TAKEOVER_BACKOFF_S)
+        return True
+
     # -- ZooKeeper's watermark: a database that went backwards -------------------------------
 
-    def _report_database_behind(self, election: Election) -> bool:
-        """Before a takeover: True (and reported) if the database is below the watermark."""
+    def _read_watermark(self, election: Election) -> fence.Watermark | None:
+        """ZooKeeper's watermark for the takeover's comparison; one that does not parse is
+        reported and ignored (it cannot make a node refuse to lead)."""
         try:
             copy = election.watermark()
         except ValueError as exc:
             log.error("watermark_unreadable", name=self.name, error=str(exc), note="ignored")
             copy = None
-        try:
-            held = self._db.fence()
-        except AllocatorError as exc:
-            log.warning("watermark_check_failed", name=self.name, error=str(exc))
-            return True  # cannot tell: the takeover would fail on this database anyway
         self._watermark = copy
-        reason = fence.database_behind(held.token, held.high_water_id, copy)
-        if reason is None:
-            self._clear_database_behind()
-            return False
-        assert copy is not None
-        self._set_database_behind(reason, held.token, held.high_water_id, copy)
-        self._role = "blocked"
-        return True
+        return copy
 
     def _database_went_back(self, high_water_id: int) -> bool:
         """The leader's jobs: True (and reported) if the database's mark fell below ours."""
@@ -851,30 +943,39 @@ class Node:
         So an advert is never staler than about two intervals, however long the connection's
         own bounds (keepalives, ``tcp_user_timeout``) take to end a call on a black-holed
         path: a leader judging its contenders after ``leader.db_unreachable_s`` relies on it.
+        The first probe runs at once: a leader that must hand over judges a node that just
+        joined by its advert.
         """
         interval = self._config.leader.probe_interval_s
-        published = self._health.advert()
-        probe: threading.Thread | None = None
-        scanned = 0.0
-        while not self._closing.wait(interval):
-            if time.monotonic() - scanned >= ELECTION_SCAN_INTERVAL_S:
-                scanned = time.monotonic()
-                self._scan_election()
-            if probe is None or not probe.is_alive():
-                probe = threading.Thread(target=self._probe_once, name="db-probe-call", daemon=True)
-                probe.start()
-            probe.join(interval)
-            if probe.is_alive():
-                self._probe_unanswered(interval)
-            self._metrics.ready.set(int(self._ready()))
-            advert = self._health.advert()
-            election = self._election
-            if advert != published and election is not None and self._guard.connected:
-                try:
-                    election.publish(self._identity())
-                    published = advert
-                except (KazooException, ZooKeeperCallTimeoutError) as exc:
-                    log.warning("advert_failed", name=self.name, error=repr(exc))
+        while not self._closing.is_set():  # the first probe at once (see the docstring)
+            try:
+                self._probe_round(interval)
+            except Exception:  # a bug here must not end the adverts for good, silently
+                log.exception("probe_round_failed", name=self.name)
+            self._closing.wait(interval)
+
+    def _probe_round(self, interval: float) -> None:
+        """One round of :meth:`_probe_loop`."""
+        if time.monotonic() - self._scanned_at >= ELECTION_SCAN_INTERVAL_S:
+            self._scanned_at = time.monotonic()
+            self._scan_election()
+        probe = self._probe_call
+        if probe is None or not probe.is_alive():
+            probe = threading.Thread(target=self._probe_once, name="db-probe-call", daemon=True)
+            self._probe_call = probe
+            probe.start()
+        probe.join(interval)
+        if probe.is_alive():
+            self._probe_unanswered(interval)
+        self._metrics.ready.set(int(self._ready()))
+        identity = self._identity()
+        election = self._election
+        if identity != self._published and election is not None and self._guard.connected:
+            try:
+                election.publish(identity)
+                self._published = identity
+            except (KazooException, ZooKeeperCallTimeoutError) as exc:
+                log.warning("advert_failed", name=self.name, error=repr(exc))
 
     def _scan_election(self) -> None:
         """Report (metrics, one log line per change) election znodes that take no place
@@ -975,6 +1076,10 @@ class Node:
             self._forget_session()  # until the new session is recorded
         self._guard.reset()
         self._interrupt.clear()
+        # Judged again once first in the new session's queue.
+        self._unblock()
+        self._clear_fence_ahead()
+        self._clear_database_behind()
         self._zk = self._zk_factory()
         while not self._stop.is_set():
             try:
@@ -989,7 +1094,9 @@ class Node:
         self._wait_for_session()
 
     def _leave(self, election: Election) -> None:
-        """Delete our znode; if ZooKeeper cannot be reached, closing the session will."""
+        """Delete our znode; if ZooKeeper cannot be reached, closing the session will. A
+        node that leaves is blocked no more: it queues again at the back."""
+        self._unblock()
         try:
             election.leave()
         except (KazooException, ZooKeeperCallTimeoutError) as exc:

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from allocator.db import ClockReading, FenceState, PoolStatus, Takeover
 from allocator.db import Term as TermRecord
 from allocator.errors import AllocatorError, FencedError
-from allocator.fence import Token
+from allocator.fence import Token, Watermark
 from allocator.health import NodeHealth
 from allocator.leadership import Term
 
@@ -27,7 +27,14 @@ class NodeStore(Protocol):
 
     def close(self, timeout: float = 5.0) -> None: ...
 
-    def take_fence(self, token: Token, holder: str, host: str, pid: int) -> Takeover: ...
+    def take_fence(
+        self,
+        token: Token,
+        holder: str,
+        host: str,
+        pid: int,
+        watermark: Watermark | None = None,
+    ) -> Takeover: ...
 
     def end_term(self, token: Token, reason: str) -> bool: ...
 

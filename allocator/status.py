@@ -241,6 +241,7 @@ def cluster_json(
                 "admin_url": c.identity.admin_address,
                 "db_ok": c.identity.db_ok,
                 "clock_ok": c.identity.clock_ok,
+                "blocked": c.identity.blocked,
                 "problem": c.problem,
             }
             for c in contenders

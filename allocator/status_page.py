@@ -137,6 +137,9 @@ function render(node, cluster) {
   if (node.fence_ahead_of_zookeeper) {
     warnings.push("fence ahead of ZooKeeper: an operator runs `allocator fence rebase`");
   }
+  if (node.blocked) {
+    warnings.push("blocked: " + node.blocked.reason + " (" + node.blocked.detail + ")");
+  }
   if (node.database_behind_zookeeper) {
     warnings.push("database behind ZooKeeper: " + node.database_behind_zookeeper.reason);
   }

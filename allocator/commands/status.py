@@ -134,6 +134,8 @@ def _contender(contender: dict[str, Any]) -> str:
         for key, what, bad in (("db_ok", "db", "down"), ("clock_ok", "clock", "skewed"))
         if contender[key] is not True
     ]
+    if contender.get("blocked"):
+        notes.insert(0, f"blocked: {contender['blocked']}")
     if contender["problem"]:
         notes.insert(0, "data unparsable")
     return f"{contender['name']} ({', '.join(notes)})" if notes else str(contender["name"])

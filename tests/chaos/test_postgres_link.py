@@ -35,11 +35,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
+from allocator import zkclient
 from allocator.drill.proxy import Proxy
+from allocator.election import Contender, read_contenders
 from allocator.local.ports import LOOPBACK
 from allocator.verify import check
 from tests.chaos.harness import (
     ChaosCluster,
+    Consumers,
     ExtraNode,
     Leader,
     chaos_consumers,
@@ -128,6 +131,28 @@ def wait_advertising(node: ExtraNode, role: str, *, reachable: bool) -> None:
 
 def advertises_unreachable(node: ExtraNode) -> Callable[[], bool]:
     return lambda: status(node)["database_reachable"] is False
+
+
+@contextmanager
+def running(consumers: Consumers) -> Iterator[Consumers]:
+    """``consumers`` claiming until the block ends."""
+    consumers.start()
+    try:
+        yield consumers
+    finally:
+        consumers.stop()
+
+
+def contenders(chaos: ChaosCluster) -> list[Contender]:
+    """The election as ``allocator status`` reads it (as the cluster's identity)."""
+    info = chaos.info()
+    client = zkclient.client_for(info.node_zk_hosts, info.zk_auth, timeout_s=10)
+    client.start(timeout=10)
+    try:
+        return read_contenders(client, "/election")
+    finally:
+        client.stop()
+        client.close()
 
 
 def newer_leader(chaos: ChaosCluster, epoch: int) -> Leader | None:
@@ -412,3 +437,66 @@ def test_every_node_cut_off_from_postgres_keeps_its_leader_and_recovers() -> Non
         assert log_events(first.log_path, "handover_withheld")
         assert not log_events(first.log_path, "handing_over")
         print(f"withheld {withheld_s:.1f} s after the cut, cutting {recovered_s:.1f} s after it")
+
+
+def test_a_contender_cut_off_from_postgres_never_holds_up_the_election() -> None:
+    """Breaks: the link to PostgreSQL of B, queued second, is black-holed; C queues behind
+    it; the leader A stops gracefully (SIGTERM), then C too.
+
+    Must hold (issue 19, item 1): B, first in the queue after A, makes way at once for C,
+    which advertises a reachable database: C takes the fence and cuts. With C gone too and
+    nobody fit behind it, B stays first (no churn) and says why: role ``blocked``, reason
+    ``database_unreachable`` in /status, its advert (``allocator status``) and the metric
+    ``allocator_blocked``; once its link is back it leads and cuts. Before, B paused and
+    retried the watermark check on its dead link for as long as the link was down, holding
+    the lead with nothing cut. Cost: ~20 s.
+    """
+    with ChaosCluster(zk=1, nodes=0, node_env=NODE_ENV) as chaos, ExitStack() as stack:
+        info = chaos.info()
+        with Proxy(info.postgres.port) as proxy:
+            a = chaos.start_extra_node("a")
+            first = chaos.wait_leader()
+            assert first.name == "a"
+            consumers = stack.enter_context(
+                running(chaos_consumers(info.consumer_database_url, pause_s=PAUSE_S))
+            )
+            b = chaos.start_extra_node("b", database_url=proxied_url(info.node_database_url, proxy))
+            wait_advertising(b, "follower", reachable=True)
+            proxy.blackhole()
+            wait_for(responsive([a, b], advertises_unreachable(b)), "b to advertise no database")
+            c = chaos.start_extra_node("c")
+            wait_advertising(c, "follower", reachable=True)
+
+            stopped = time.monotonic()
+            assert a.stop() == 0
+            new = wait_for(
+                responsive([b, c], lambda: newer_leader(chaos, first.epoch)), "a new leader"
+            )
+            assert new.name == "c"
+            wait_for(responsive([b, c], lambda: chaos.blocks_cut(epoch=new.epoch)), "c to cut")
+            handover_s = time.monotonic() - stopped
+            assert status(b)["role"] == "follower"
+            assert log_events(b.log_path, "making_way")
+
+            assert c.stop() == 0
+            blocked = wait_for(
+                responsive([b], lambda: (s := status(b))["role"] == "blocked" and s),
+                "b to report itself blocked",
+            )
+            assert blocked["blocked"]["reason"] == "database_unreachable"
+            blocked_metric = 'allocator_blocked{reason="database_unreachable"}'
+            assert metric(b.admin_url, blocked_metric, timeout_s=STATUS_TIMEOUT_S) == 1
+            wait_for(  # what `allocator status` shows: the advert in b's znode
+                lambda: [c.identity.blocked for c in contenders(chaos)] == ["database_unreachable"],
+                "b to advertise why it is blocked",
+            )
+            assert chaos.fence() == (new.epoch, "c")  # nobody took the fence meanwhile
+
+            proxy.restore()
+            wait_advertising(b, "leader", reachable=True)
+            taken = chaos.wait_leader(newer_than=new.epoch)
+            assert taken.name == "b"
+            wait_for(lambda: chaos.blocks_cut(epoch=taken.epoch), "b to cut")
+            assert status(b)["blocked"] is None
+            chaos.assert_clean(consumers)
+        print(f"handover past the cut-off contender: c cut {handover_s:.1f} s after a stopped")

@@ -187,3 +187,44 @@ def _assert_old_token_refused(chaos: ChaosCluster, old_epoch: int) -> None:
             with pytest.raises(psycopg.Error) as caught:
                 conn.execute(statement, params)
             assert caught.value.sqlstate == sqlstate, statement
+
+
+def test_an_unreadable_generation_blocks_the_first_node_until_a_rebase_rewrites_it() -> None:
+    """Breaks: the fence generation znode is overwritten with a number past bigint (2^64),
+    then the only node restarts, so it must take the fence again.
+
+    Must hold (issue 19, item 8): the node does not guess a generation: it stays first,
+    ``blocked`` with the reason ``fence_generation_unreadable`` (``/status``, metric) and
+    takes no fence; `allocator fence rebase` rewrites the znode and the node leads under the
+    new generation. Before, it waited silently as a follower. Cost: ~10 s.
+    """
+    with ChaosCluster(zk=1, nodes=1) as chaos:
+        old = chaos.wait_leader()
+        info = chaos.info()
+        client = KazooClient(hosts=info.node_zk_hosts, auth_data=[("digest", info.zk_auth)])
+        client.start(timeout=10)
+        try:
+            client.ensure_path("/fence-generation")
+            client.set("/fence-generation", str(2**64).encode())
+        finally:
+            client.stop()
+            client.close()
+        chaos.cluster.stop_node(old.name)
+        chaos.cluster.start_node(old.name)
+        admin_url = chaos.node(old.name).admin_url
+
+        def blocked() -> dict[str, object] | None:
+            state = http_json(f"{admin_url}/status")
+            return state if state["role"] == "blocked" else None
+
+        state = wait_for(blocked, "the node to report itself blocked", ignore=(OSError,))
+        reason = state["blocked"]
+        assert isinstance(reason, dict)
+        assert reason["reason"] == "fence_generation_unreadable"
+        assert chaos.fence()[0] == old.epoch  # no takeover
+
+        rebase = fence_rebase(chaos)
+        assert rebase["new_generation"] == 1
+        new = wait_for(lambda: _generation_leader(chaos), "a generation-1 leader")
+        assert new[2] == old.name
+        assert http_json(f"{admin_url}/status")["blocked"] is None

@@ -5,8 +5,11 @@ Rules of the fake (those of ``allocator.take_fence``, ``end_term`` and ``rebase_
 migrations/sql/0003 that the node depends on):
 
 - :class:`FakeDatabase` is the one database all nodes of a test share; it is thread-safe.
-- ``take_fence`` moves the fence forward only: the new token ``(generation, epoch)`` must be
-  greater than the fence's, as a pair, else :class:`StaleTakeoverError`. It ends every open
+- ``take_fence`` first compares the database with the watermark it is given, in the same
+  step (as the real one does in its transaction): a database below it raises
+  :class:`DatabaseBehindError` and nothing changes. It moves the fence forward only: the new
+  token ``(generation, epoch)`` must be greater than the fence's, as a pair, else
+  :class:`StaleTakeoverError`. It ends every open
   term (``superseded``) and records the new one. The first takeover records the node's
   layout; a takeover with another layout raises :class:`LayoutMismatchError`.
 - ``end_term`` ends the open term of exactly that token, once (False otherwise).
@@ -29,17 +32,18 @@ from typing import Literal
 from allocator import db
 from allocator.db import ClockReading, FenceState, PoolStatus, Rebase, Takeover
 from allocator.errors import (
+    DatabaseBehindError,
     DatabaseUnavailableError,
     InvalidBatchError,
     LayoutMismatchError,
     StaleTakeoverError,
 )
-from allocator.fence import Token
+from allocator.fence import Token, Watermark, database_behind
 
 DEFAULT_LAYOUT = "default layout"
 NO_FENCE = Token(0, 0)
 
-Outcome = Literal["taken", "stale", "layout_mismatch", "unreachable"]
+Outcome = Literal["taken", "stale", "layout_mismatch", "unreachable", "behind"]
 
 
 class FakeDatabase:
@@ -53,8 +57,25 @@ class FakeDatabase:
         self._terms: list[db.Term] = []
         self.high_water_id = -1
 
-    def take_fence(self, token: Token, holder: str, host: str, pid: int, layout: str) -> Takeover:
+    def take_fence(
+        self,
+        token: Token,
+        holder: str,
+        host: str,
+        pid: int,
+        layout: str,
+        watermark: Watermark | None = None,
+    ) -> Takeover:
         with self._lock:
+            held = self._fence.token
+            behind = database_behind(held, self.high_water_id, watermark)
+            if behind is not None:
+                raise DatabaseBehindError(
+                    behind,
+                    generation=held.generation,
+                    epoch=held.epoch,
+                    high_water_id=self.high_water_id,
+                )
             if token.epoch <= 0 or not holder:
                 raise InvalidBatchError(f"take_fence needs a positive epoch and a holder: {token}")
             if self.layout is None:
@@ -156,13 +177,23 @@ class FakeStore:
     def close(self, timeout: float = 5.0) -> None:
         self.closed = True
 
-    def take_fence(self, token: Token, holder: str, host: str, pid: int) -> Takeover:
+    def take_fence(
+        self,
+        token: Token,
+        holder: str,
+        host: str,
+        pid: int,
+        watermark: Watermark | None = None,
+    ) -> Takeover:
         outcome: Outcome = "unreachable"
         try:
             self._check_reachable("take the fence")
-            takeover = self.database.take_fence(token, holder, host, pid, self.layout)
+            takeover = self.database.take_fence(token, holder, host, pid, self.layout, watermark)
             outcome = "taken"
             return takeover
+        except DatabaseBehindError:
+            outcome = "behind"
+            raise
         except StaleTakeoverError:
             outcome = "stale"
             raise

@@ -172,8 +172,8 @@ class Member:
         except NoNodeError:
             return None
 
-    def metric(self, name: str) -> float | None:
-        return self.node.metrics.registry.get_sample_value(name)
+    def metric(self, name: str, labels: dict[str, str] | None = None) -> float | None:
+        return self.node.metrics.registry.get_sample_value(name, labels)
 
 
 class Cluster:
@@ -373,6 +373,135 @@ def test_a_leader_that_cannot_reach_the_database_hands_over_only_to_one_that_can
     assert a.node.role == "follower"
     assert a.jobs.stops == 1
     assert a.metric("allocator_handover_withheld") == 0
+
+
+def test_a_contender_that_cannot_reach_the_database_makes_way_for_one_that_can(
+    cluster: Cluster,
+) -> None:
+    """Issue 19, item 1: B is cut off from the database after it queued, C queues behind it;
+    A stops gracefully: B, first now, leaves at once for C (C advertises a reachable
+    database) and never tries a takeover on its dead path."""
+    a = cluster.node("a")
+    wait_for("a leads", a.leading)
+    b = cluster.node("b")
+    wait_for("b queues and advertises it is fit", lambda: (i := b.advert()) and i.fit)
+    b.store.reachable = False
+    wait_for("b advertises no database", lambda: (i := b.advert()) and i.db_ok is False)
+    c = cluster.node("c")
+    wait_for("c queues and advertises it is fit", lambda: (i := c.advert()) and i.fit)
+
+    a.node.request_stop("test")
+
+    term_c = wait_for("c leads", c.leading)
+    assert cluster.database.fence().holder == "c"
+    assert term_c.token.epoch == cluster.ensemble.stat(c.znode() or "").czxid
+    assert b.store.outcomes() == []  # b made way without trying its dead path
+    c_znode = c.znode()
+    assert c_znode is not None
+    wait_for(
+        "b queues again behind c",
+        lambda: (z := b.znode()) is not None and sequence(z) > sequence(c_znode),
+    )
+    assert b.node.role == "follower"
+    assert b.node.snapshot()["blocked"] is None
+
+
+def test_a_first_contender_without_a_database_is_blocked_until_it_reaches_it(
+    cluster: Cluster,
+) -> None:
+    """Issue 19, item 1: with nobody fit behind it, a contender that cannot reach the
+    database stays first (no churn) and says why: role ``blocked``, reason
+    ``database_unreachable`` in /status, its advert and ``allocator_blocked``. A contender
+    that queues later and reaches the database gets the lead at once; here the database
+    comes back first, and the blocked node takes over."""
+    a = cluster.node("a")
+    wait_for("a leads", a.leading)
+    b = cluster.node("b")
+    wait_for("b queues and advertises it is fit", lambda: (i := b.advert()) and i.fit)
+    b.store.reachable = False
+    wait_for("b advertises no database", lambda: (i := b.advert()) and i.db_ok is False)
+
+    a.node.request_stop("test")
+
+    blocked = wait_for(
+        "b reports itself blocked",
+        lambda: (s := b.node.snapshot())["role"] == "blocked" and s["blocked"] and s,
+    )
+    assert blocked["blocked"]["reason"] == "database_unreachable"
+    assert b.metric("allocator_blocked", {"reason": "database_unreachable"}) == 1
+    assert b.metric("allocator_blocked", {"reason": "fence_ahead_of_zookeeper"}) == 0
+    wait_for(
+        "b advertises it is blocked",
+        lambda: (i := b.advert()) and i.blocked == "database_unreachable",
+    )
+    assert cluster.ensemble.children(ELECTION) == [name_of(blocked["znode"])]  # stayed first
+
+    b.store.reachable = True
+
+    wait_for("b leads", b.leading)
+    assert b.node.snapshot()["blocked"] is None
+    assert b.metric("allocator_blocked", {"reason": "database_unreachable"}) == 0
+    wait_for("b's advert drops the reason", lambda: (i := b.advert()) and i.blocked is None)
+
+
+def test_a_leader_whose_clock_disagrees_hands_over_at_once_while_the_pool_is_short(
+    cluster: Cluster,
+) -> None:
+    """Issue 19, item 7: a cold pool and a leader whose clock is wrong (it may not cut): a
+    fit contender gets the lead at once, not after ``leader.clock_skew_handover_s`` (the
+    fake clock advances by a second only: the clock has disagreed for more than one probe,
+    so this is no single noisy reading)."""
+    a = cluster.node("a", clock_offset_ms=SKEWED_MS)
+    a.store.available_blocks = 0
+    term = wait_for("a leads", a.leading)
+    assert a.jobs.health.advert().clock_ok is False
+    a.clock.advance(1.0)
+    b = cluster.node("b")
+
+    wait_for("b leads", b.leading)
+    assert term.end_reason == "clock_skew"
+    assert cluster.database.fence().holder == "b"
+
+
+def test_an_unreadable_fence_generation_blocks_the_first_node_until_rewritten(
+    cluster: Cluster,
+) -> None:
+    """Issue 19, item 8: a generation past bigint (20 digits) cannot be parsed: the first
+    node is ``blocked`` with the reason shown, stays first and takes no fence; once the
+    generation is rewritten (what ``allocator fence rebase`` does) it leads."""
+    cluster.ensemble.set_generation(ELECTION, 0)
+    cluster.ensemble.set_data(fence.generation_path(ELECTION), str(2**64).encode())
+    a = cluster.node("a")
+
+    blocked = wait_for(
+        "a reports itself blocked",
+        lambda: (s := a.node.snapshot())["role"] == "blocked" and s["blocked"] and s,
+    )
+    assert blocked["blocked"]["reason"] == "fence_generation_unreadable"
+    assert "past the largest generation" in blocked["blocked"]["detail"]
+    assert a.metric("allocator_blocked", {"reason": "fence_generation_unreadable"}) == 1
+    assert a.store.outcomes() == []
+
+    cluster.ensemble.set_generation(ELECTION, 1)
+
+    term = wait_for("a leads", a.leading)
+    assert term.token.generation == 1
+    assert a.node.snapshot()["blocked"] is None
+
+
+def test_a_watermark_past_bigint_is_ignored_and_replaced_by_the_leader(cluster: Cluster) -> None:
+    """Issue 19, item 8: one bad write of the watermark (a mark of 2^70) must not stop every
+    takeover for good: it does not parse, so it is reported and ignored, and the leader's
+    first raise replaces it with what the database holds."""
+    path = fence.watermark_path(ELECTION)
+    cluster.ensemble.set_generation(ELECTION, 0)
+    cluster.ensemble.set_data(path, b'{"generation": 0, "epoch": 1, "high_water_id": %d}' % 2**70)
+    a = cluster.node("a")
+
+    term = wait_for("a leads", a.leading)
+    assert fence.Watermark.from_bytes(cluster.ensemble.data(path)) == fence.Watermark(
+        term.token, cluster.database.high_water_id
+    )
 
 
 # -- the fence ahead of ZooKeeper ------------------------------------------------------------
