@@ -125,7 +125,7 @@ def test_every_line_of_json_logs_parses_through_a_handover(nodes: Nodes) -> None
     ``timestamp``, a ``level``, a ``logger`` and an ``event``; the stable event names are
     there (``elected``, ``fence_taken``, ``refill``, ``session_reaped``, ``stepped_down``,
     ``stopped``) with typed fields (epochs and block counts are ints) and the reaper's
-    reason with its spaces (``pid <n> no longer runs``)."""
+    reason with its spaces (``pid <n> no longer holds the state folder's lock``)."""
     first_node = nodes.start("json-a")
     first_epoch, holder = nodes.wait_leader()
     assert holder == "json-a"
@@ -157,7 +157,9 @@ def test_every_line_of_json_logs_parses_through_a_handover(nodes: Nodes) -> None
     assert named(a_events, "fence_taken")
     (reaped,) = named(a_events, "session_reaped")
     assert reaped["name"] == "json-a"
-    assert reaped["reason"].startswith(f"pid {killed_pid} no longer runs"), reaped
+    assert reaped["reason"].startswith(
+        f"pid {killed_pid} no longer holds the state folder's lock"
+    ), reaped
     assert named(b_events, "elected")[0]["epoch"] == second_epoch
     refills = named(a_events, "refill")  # the first leader filled the pool
     assert refills
