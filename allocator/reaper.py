@@ -212,8 +212,7 @@ def decide(
     if record.holds_lock and lock_held:  # before the boot id: a held lock is a live kernel's
         return Decision(
             Action.ALIVE,
-            f"pid {pid} still holds the state folder's lock: it runs (perhaps paused), "
-            f"not reaped",
+            f"pid {pid} still holds the state folder's lock: it runs (perhaps paused), not reaped",
         )
     if record.boot_id and boot_id_now and record.boot_id != boot_id_now:
         return Decision(Action.REAP, "the host rebooted since the file was written")
