@@ -84,6 +84,7 @@ from allocator import logs, session_file
 from allocator.config import Config
 from allocator.local.processes import start_time
 from allocator.session_file import SessionRecord
+from allocator.zookeeper_hosts import servers_of
 
 log = logs.get_logger(__name__)
 
@@ -255,7 +256,7 @@ def close_session(hosts: str, credentials: tuple[int, bytes], timeout_s: float) 
 
     Connects without the chroot (closing needs no path). If the session had already
     expired the server hands out a new one instead, which is closed at once."""
-    servers = hosts.split("/", 1)[0]
+    servers = servers_of(hosts)
     client = KazooClient(hosts=servers, client_id=credentials, timeout=timeout_s, logger=_KAZOO_LOG)
     try:
         client.start(timeout=timeout_s)

@@ -62,6 +62,7 @@ from allocator.config import Config
 from allocator.db import PoolStatus, Term, read_status
 from allocator.election import Contender, Ignored, Queue, read_queue
 from allocator.errors import AllocatorError, ConfigError, DatabaseError, ZooKeeperUnavailableError
+from allocator.zookeeper_hosts import chroot_of
 
 KAZOO_LOG = logging.getLogger(__name__ + ".kazoo")
 """kazoo's own log for the operator's client. Its retry chatter (one WARNING per refused
@@ -281,12 +282,6 @@ def cluster_json(
 # -- ZooKeeper -------------------------------------------------------------------------------
 
 
-def split_hosts(hosts: str) -> tuple[str, str]:
-    """``zk1:2181,zk2:2181/a/b`` → (``zk1:2181,zk2:2181``, ``/a/b``); no chroot → ``""``."""
-    servers, slash, chroot = hosts.partition("/")
-    return servers, (slash + chroot).rstrip("/")
-
-
 def zookeeper_client(config: Config, *, chroot: bool = True) -> KazooClient:
     """An operator's kazoo client (not started): the config's hosts, with or without their
     chroot, authenticated like a node (:func:`allocator.zkclient.client`)."""
@@ -395,7 +390,7 @@ def read_zookeeper(config: Config) -> tuple[Queue, ZooKeeperFence]:
         with zookeeper_errors(config, "read the election"):
             queue = read_queue(client, path)
             zk_fence = read_zookeeper_fence(
-                client, path, config, chroot=split_hosts(config.zookeeper.hosts)[1]
+                client, path, config, chroot=chroot_of(config.zookeeper.hosts)
             )
     finally:
         close(client)
@@ -480,7 +475,7 @@ def gather(
                 client,
                 path,
                 config,
-                chroot=split_hosts(config.zookeeper.hosts)[1],
+                chroot=chroot_of(config.zookeeper.hosts),
                 watermark=watermark,
             )
     finally:

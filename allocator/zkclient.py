@@ -42,6 +42,7 @@ from kazoo.security import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, make_digest_ac
 from allocator import fence, logs
 from allocator.config import Config
 from allocator.errors import ConfigError
+from allocator.zookeeper_hosts import chroot_of, servers_of
 
 log = logs.get_logger(__name__)
 
@@ -102,7 +103,7 @@ def client(
     with ``chroot=False`` at the ensemble's root (no default ACL: module rules)."""
     zk = config.zookeeper
     return client_for(
-        zk.hosts if chroot else zk.hosts.partition("/")[0],
+        zk.hosts if chroot else servers_of(zk.hosts),
         zk.auth.get_secret_value(),
         timeout_s=zk.session_timeout_ms / 1000,
         default_acl=acl(config) if chroot else None,
@@ -140,12 +141,6 @@ def client_for(
     )
 
 
-def chroot_of(config: Config) -> str:
-    """The chroot of ``zookeeper.hosts`` (``zk1:2181/a/b`` → ``/a/b``), or ``""``."""
-    _servers, slash, rest = config.zookeeper.hosts.partition("/")
-    return (slash + rest).rstrip("/") if slash else ""
-
-
 def check_node(config: Config) -> None:
     """Refuse a node without ``zookeeper.auth`` unless ``zookeeper.insecure`` (module rules)."""
     if credentials(config) is None and not config.zookeeper.insecure:
@@ -176,7 +171,7 @@ def owned_paths(config: Config) -> list[str]:
     and the fence's znodes beside it."""
     election = config.zookeeper.election_path.rstrip("/")
     parts = election.strip("/").split("/")
-    paths = ["/"] if chroot_of(config) else []
+    paths = ["/"] if chroot_of(config.zookeeper.hosts) else []
     paths += ["/" + "/".join(parts[: i + 1]) for i in range(len(parts))]
     paths += [fence.generation_path(election), fence.watermark_path(election)]
     return paths

@@ -14,11 +14,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from allocator.clock import wall_clock_ms
 from allocator.config import Config
 from allocator.db import NodeDatabase
 from allocator.leadership import Term
 from allocator.metrics import NodeMetrics
-from allocator.node import wall_clock_ms
 from allocator.ports import LeaderHooks
 
 

@@ -19,11 +19,11 @@ from apscheduler.events import EVENT_JOB_ERROR, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
 from allocator import logs
+from allocator.clock import wall_clock_ms
 from allocator.config import Config
 from allocator.db import NodeDatabase
 from allocator.leadership import Term
 from allocator.metrics import NodeMetrics
-from allocator.node import wall_clock_ms
 from allocator.ports import LeaderHooks
 from jobs import refill, retention, sampling
 from jobs.context import LeaderContext

@@ -80,6 +80,7 @@ from allocator.commands import options
 from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
 from allocator.config import Config
 from allocator.errors import AllocatorError, ConfigError, UsageError
+from allocator.zookeeper_hosts import split_hosts
 
 MAX_REASON_CHARS = 1000
 """As ``allocator.rebase_fence`` checks it (AL106)."""
@@ -164,7 +165,7 @@ def check_reason(reason: str) -> str:
 def read_plan(client: KazooClient, config: Config, url: str) -> Plan:
     """Step 1: ZooKeeper's watermark, the database's fence and mark, then ZooKeeper's
     generation and zxids (that order: see the module rules). Changes nothing."""
-    servers, chroot = status.split_hosts(config.zookeeper.hosts)
+    servers, chroot = split_hosts(config.zookeeper.hosts)
     election_path = chroot + config.zookeeper.election_path
     with status.zookeeper_errors(config, "read the watermark"):
         status.wait(client.sync_async(election_path), config)
@@ -393,7 +394,7 @@ def outcome_lines(outcome: Outcome) -> list[str]:
         f"database   recorded in allocator.fence_history{who}",
     ]
     lines += [f"zookeeper  created {path}" for path in outcome.created]
-    from allocator.node import FENCE_AHEAD_BACKOFF_S
+    from allocator.node.pacing import BLOCKED_RETRY_S
 
     before = outcome.zookeeper.previous
     if not outcome.zookeeper.existed:
@@ -415,7 +416,7 @@ def outcome_lines(outcome: Outcome) -> list[str]:
     )
     lines.append(
         "nodes take the fence under the new generation at their next attempt (within "
-        f"{FENCE_AHEAD_BACKOFF_S:g} s); check with `allocator fence status`"
+        f"{BLOCKED_RETRY_S:g} s); check with `allocator fence status`"
     )
     return lines
 

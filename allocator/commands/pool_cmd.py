@@ -63,6 +63,7 @@ from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_c
 from allocator.commands.ranges import FiniteFloatRange
 from allocator.config import Config
 from allocator.errors import AllocatorError, DatabaseUnavailableError, UsageError
+from allocator.zookeeper_hosts import chroot_of
 
 MAX_REASON_CHARS = 1000
 
@@ -198,7 +199,7 @@ def reset(
     client = status.zookeeper_client(config, chroot=False)
     status.start(client, config)
     try:
-        _servers, chroot = status.split_hosts(config.zookeeper.hosts)
+        chroot = chroot_of(config.zookeeper.hosts)
         election_path = chroot + config.zookeeper.election_path
         with status.zookeeper_errors(config, "read the watermark"):
             zk_fence = status.read_zookeeper_fence(client, election_path, config)

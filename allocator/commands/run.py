@@ -77,10 +77,11 @@ def build_node(
     ``jobs_factory`` (called like :class:`jobs.leader.LeaderJobs`) replace the database
     access, the term and the leader's jobs (tests build broken variants this way, in
     ``tests/``)."""
+    from allocator.clock import wall_clock_ms
     from allocator.db import NodeDatabase
     from allocator.leadership import Term
     from allocator.metrics import NodeMetrics
-    from allocator.node import Node, wall_clock_ms
+    from allocator.node import Node
     from jobs.leader import LeaderJobs
 
     clock = now_ms or wall_clock_ms

@@ -11,8 +11,8 @@ Rules: tests assert behaviour, never timing. Every wait polls a condition up to 
 nothing sleeps to "let things settle". Every node thread is stopped with ``request_stop`` and
 joined with a timeout by the ``cluster`` fixture, whatever the test did. Time that the rules
 measure (clock skew, no successful write) passes on the fake clock, by ``advance``. The node's
-pacing constants (re-check, handover check, back-offs) are shortened with ``monkeypatch`` so
-the file runs in seconds; no assertion depends on them.
+pacing (re-check, handover check, back-offs: :class:`~allocator.node.Pacing`) is shortened so
+the file runs in seconds; no assertion depends on it.
 """
 
 from __future__ import annotations
@@ -30,14 +30,13 @@ from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.security import make_digest_acl
 
 from allocator import fence, zkclient
-from allocator import node as node_module
 from allocator.config import Config, load_config
 from allocator.election import Identity, ordered, sequence_of
 from allocator.errors import ConfigError, LayoutMismatchError
 from allocator.fence import Token
 from allocator.health import NodeHealth
 from allocator.leadership import Term
-from allocator.node import EXIT_CONFIG, EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node
+from allocator.node import EXIT_CONFIG, EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node, Pacing
 from tests.fakes import (
     DEFAULT_LAYOUT,
     ClientFactory,
@@ -62,13 +61,13 @@ SKEWED_MS = 5_000.0
 """Far beyond ``pool.max_clock_skew_ms`` (500 by default)."""
 ZK_AUTH = "allocator-test:not-a-real-secret"
 """The nodes' ``zookeeper.auth``: the default path, every znode under our ACL."""
-FAST_PACING_S = {
-    "RECHECK_INTERVAL_S": 0.02,
-    "HANDOVER_CHECK_INTERVAL_S": 0.02,
-    "STALE_TAKEOVER_BACKOFF_S": 0.02,
-    "FENCE_AHEAD_BACKOFF_S": 0.02,
-    "ELECTION_SCAN_INTERVAL_S": 0.02,
-}
+FAST_PACING = Pacing(
+    recheck_s=0.02,
+    handover_check_s=0.02,
+    stale_takeover_backoff_s=0.02,
+    blocked_retry_s=0.02,
+    election_scan_s=0.02,
+)
 
 
 def wait_for(what: str, condition: Callable[[], T | Literal[False] | None]) -> T:
@@ -208,6 +207,7 @@ class Cluster:
             zookeeper=clients,
             jobs=jobs,
             health=NodeHealth(clock=clock),
+            pacing=FAST_PACING,
         )
         member = Member(node, self.ensemble, store, jobs, clock, clients)
         self.members.append(member)
@@ -244,9 +244,7 @@ class Cluster:
 
 
 @pytest.fixture
-def cluster(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cluster]:
-    for constant, seconds in FAST_PACING_S.items():
-        monkeypatch.setattr(node_module, constant, seconds)
+def cluster() -> Iterator[Cluster]:
     cluster = Cluster(FakeEnsemble(epoch=ENSEMBLE_EPOCH))
     try:
         yield cluster
@@ -728,6 +726,7 @@ def bare_node(ensemble: FakeEnsemble, settings: Mapping[str, object]) -> Node:
         ),
         jobs=FakeJobs(),
         health=NodeHealth(clock=FakeMonotonic()),
+        pacing=FAST_PACING,
     )
 
 

@@ -1,0 +1,30 @@
+"""How often the node's loops look again, and how long they back off: one value per pause.
+
+The defaults are the product's; tests pass shorter ones (a constructor argument, never a
+patched module constant).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Pacing:
+    recheck_s: float = 0.5
+    """A follower re-reads its predecessor, a leader re-checks its znode and the session."""
+    handover_check_s: float = 1.0
+    """A leader asks whether it should hand over (reads the contenders' adverts)."""
+    stale_takeover_backoff_s: float = 2.0
+    """After a takeover lost a race, or after making way: before joining again."""
+    blocked_retry_s: float = 5.0
+    """A blocked node tries the takeover again (an operator may have repaired the cause)."""
+    zookeeper_error_backoff_s: float = 1.0
+    job_stop_timeout_s: float = 10.0
+    """The longest a term's end waits for the leader's job in flight."""
+    election_scan_s: float = 5.0
+    """The whole election is read to report znodes that are ignored or do not parse."""
+
+
+BLOCKED_RETRY_S = Pacing.blocked_retry_s
+"""For operators' messages: a blocked node tries again within this."""

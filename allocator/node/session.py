@@ -1,0 +1,213 @@
+"""The node's ZooKeeper session: its client, the election built on it, a new one on loss.
+
+- Session loss (kazoo LOST, or suspended for a whole session timeout by the guard's own
+  timer) is handled by the run loop: exit 3, or with ``node.on_session_loss = "rejoin"`` a
+  new session from a *new* client of the factory (an old client remembers the last zxid it
+  saw, and an ensemble rebuilt from nothing refuses it).
+- The kazoo listener runs on kazoo's connection thread: it only flips events and pauses
+  the term (SUSPENDED withdraws the right to write at once).
+- ZooKeeper access (:mod:`allocator.zkclient`): the cluster's persistent znodes get our ACL
+  where they carry another (an older version's open ACL); a chroot that vanished (an
+  ensemble wiped) is created again from a client without it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from kazoo.exceptions import KazooException
+from kazoo.handlers.threading import KazooTimeoutError
+from kazoo.protocol.states import KazooState
+
+from allocator import logs, zkclient
+from allocator.config import Config
+from allocator.election import Election, Identity
+from allocator.errors import ZooKeeperUnavailableError
+from allocator.leadership import SessionGuard
+from allocator.metrics import NodeMetrics
+from allocator.node.pacing import Pacing
+from allocator.node.session_record import SessionRecorder
+from allocator.node.signals import Signals
+from allocator.ports import ZooKeeperFactory
+from allocator.zookeeper_hosts import chroot_of
+
+log = logs.get_logger(__name__)
+
+
+class ZooKeeperSession:
+    def __init__(
+        self,
+        config: Config,
+        name: str,
+        *,
+        factory: ZooKeeperFactory,
+        root_factory: ZooKeeperFactory | None,
+        guard: SessionGuard,
+        metrics: NodeMetrics,
+        signals: Signals,
+        pacing: Pacing,
+        recorder: SessionRecorder,
+        identity: Callable[[], Identity],
+        pause_term: Callable[[], None],
+    ) -> None:
+        self._config = config
+        self._name = name
+        self._factory = factory
+        self._root_factory = root_factory  # no chroot: to recreate ours after a wipe
+        self._guard = guard
+        self._metrics = metrics
+        self._signals = signals
+        self._pacing = pacing
+        self._recorder = recorder
+        self._identity = identity
+        self._pause_term = pause_term
+        self.client: Any = factory()
+        self.election: Election | None = None
+        self._metrics.session.state("connecting")
+
+    def credentials(self) -> tuple[int, bytes] | None:
+        """(session id, password) of the live session: for forced-expiry drills."""
+        client_id: tuple[int, bytes] | None = self.client.client_id
+        return client_id
+
+    def state(self) -> str:
+        """connecting, connected, suspended or lost (``/status``, the metric)."""
+        if self._guard.lost:
+            return "lost"
+        if self._guard.connected:
+            return "connected"
+        return "suspended" if self._signals.role != "starting" else "connecting"
+
+    def start(self) -> Election:
+        """Start the current client, record its session, build the election on it."""
+        config = self._config
+        self.client.add_listener(self._on_state)
+        try:
+            self.client.start(timeout=config.zookeeper.connect_timeout_s)
+        except KazooTimeoutError as exc:
+            raise ZooKeeperUnavailableError(
+                f"no ZooKeeper server answered at {config.zookeeper.hosts} "
+                f"within {config.zookeeper.connect_timeout_s} s"
+            ) from exc
+        self._recorder.record(self.credentials())
+        self.election = Election(
+            self.client,
+            config.zookeeper.election_path,
+            self._identity(),
+            acl=zkclient.acl(config),
+        )
+        return self.election
+
+    def rejoin(self) -> None:
+        """A new session from a new client (the old one may be refused by a rebuilt
+        ensemble); returns once it is connected, lost again, or the node stops."""
+        log.info("rejoin", name=self._name)
+        self._close_client(self.client)
+        self._guard.reset()
+        self._signals.interrupt.clear()
+        self.client = self._factory()
+        while not self._signals.stop.is_set():
+            try:
+                self.start()
+                break
+            except ZooKeeperUnavailableError as exc:
+                log.warning("rejoin_failed", name=self._name, error=str(exc))
+                self.client.remove_listener(self._on_state)
+                self.client.stop()
+                self.client.close()
+                self.client = self._factory()
+        self.wait()
+
+    def close(self) -> None:
+        """At the end of the run: close the session (its znodes go), then its file."""
+        try:
+            self.client.stop()
+            self.client.close()
+        except KazooException as exc:
+            log.warning("zookeeper_close_failed", error=repr(exc))
+        else:
+            self._recorder.forget()  # closed: the file would name a dead session
+
+    def _close_client(self, client: Any) -> None:
+        client.remove_listener(self._on_state)
+        try:
+            client.stop()
+            client.close()
+        except KazooException as exc:
+            log.warning("zookeeper_close_failed", error=repr(exc))
+        else:
+            self._recorder.forget()  # until the new session is recorded
+
+    def wait(self) -> None:
+        """Until the session is connected again, or lost, or the node stops."""
+        while not self._signals.stop.is_set():
+            if self._guard.check_timer() or self._guard.connected:
+                return
+            self._guard.changed.wait(0.1)
+            self._guard.changed.clear()
+
+    def warn_insecure(self) -> None:
+        """``zookeeper.insecure``: a WARNING at every start, and a metric (alertable)."""
+        insecure = zkclient.credentials(self._config) is None
+        self._metrics.zookeeper_insecure.set(int(insecure))
+        if insecure:
+            log.warning("zookeeper_insecure", name=self._name, note=zkclient.INSECURE_WARNING)
+
+    def secure_znodes(self) -> None:
+        """Our ACL on the cluster's persistent znodes that carry another one
+        (:func:`allocator.zkclient.secure`). A refusal is fatal (a ConfigError); a
+        connection problem is not: the next start looks again."""
+        timeout_s = self._config.zookeeper.connect_timeout_s
+        try:
+            zkclient.secure(
+                self.client, self._config, lambda pending: pending.get(timeout=timeout_s)
+            )
+        except (KazooException, KazooTimeoutError) as exc:
+            log.warning("zookeeper_acl_check_failed", name=self._name, error=repr(exc))
+
+    def recreate_chroot(self) -> None:
+        """The chroot is gone (an ensemble wiped or rebuilt): create it from the root, so the
+        node can join and report what it finds (usually a fence ahead of ZooKeeper)."""
+        chroot = chroot_of(self._config.zookeeper.hosts)
+        backoff_s = self._pacing.zookeeper_error_backoff_s
+        if self._root_factory is None or not chroot:
+            log.warning("zookeeper_path_missing", name=self._name)
+            self._signals.stop.wait(backoff_s)
+            return
+        root = self._root_factory()
+        try:
+            root.start(timeout=self._config.zookeeper.connect_timeout_s)
+            if root.exists(chroot) is not None:  # not the chroot: a path below it vanished
+                log.warning("zookeeper_path_missing", name=self._name)
+                self._signals.stop.wait(backoff_s)
+                return
+            log.warning("zookeeper_chroot_missing", name=self._name, chroot=chroot)
+            timeout_s = self._config.zookeeper.connect_timeout_s
+            zkclient.ensure_chroot(
+                root,
+                chroot,
+                zkclient.acl(self._config),
+                lambda pending: pending.get(timeout=timeout_s),
+            )
+            log.info("zookeeper_chroot_created", name=self._name, chroot=chroot)
+        except (KazooException, KazooTimeoutError) as exc:
+            log.warning("zookeeper_chroot_create_failed", name=self._name, error=repr(exc))
+            self._signals.stop.wait(backoff_s)
+        finally:
+            root.stop()
+            root.close()
+
+    # kazoo listener: runs on the connection thread; only flips flags.
+    def _on_state(self, state: KazooState) -> None:
+        self._guard(state)
+        if state != KazooState.CONNECTED:
+            self._pause_term()
+        if state == KazooState.LOST:
+            self._signals.interrupt.set()
+        self._metrics.session.state(self.state())
+        if self._signals.stop.is_set() and state == KazooState.LOST:
+            log.info("session_closed", name=self._name)  # our own zk.stop()
+        else:
+            log.info(f"session_{str(state).lower()}", name=self._name)
+        self._signals.wake.set()
