@@ -1,12 +1,12 @@
 """The ``allocator`` console script.
 
 Rules: one click group; each command lives in ``allocator.commands.<name>`` and is
-registered here. Errors derived from :class:`allocator.errors.AllocatorError` print one line
+registered here. Errors derived from :class:`allocator.core.errors.AllocatorError` print one line
 (``error: <message>: <cause>``) on stderr and exit with the error's code; no tracebacks for
 expected failures; an error line never holds a line break or a control character (they are
 escaped: :func:`one_line`). Every line the CLI prints about an error (click's usage errors, an
 unexpected exception's traceback too) and every log line has its secrets masked
-(:mod:`allocator.redact`). kazoo's own log is quiet below ERROR in every command but
+(:mod:`allocator.core.redact`). kazoo's own log is quiet below ERROR in every command but
 ``run`` (a node logs its reconnects): its retry chatter, a WARNING per refused connection,
 never comes before a command's one error line, which says the same. Every command's
 ``--help`` ends with its exit codes (:func:`allocator.commands.options.exit_codes`). A
@@ -41,8 +41,9 @@ from typing import Any
 
 import click
 
-from allocator import __version__, errors, logs, redact
+from allocator import __version__
 from allocator.commands.options import GROUP_CODES, exit_codes
+from allocator.core import errors, logs, redact
 
 
 def one_line(text: str) -> str:

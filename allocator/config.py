@@ -12,12 +12,12 @@ Rules:
   names no key is an error, like an unknown key in the file or in the overrides.
 - Every value is validated when the config is loaded; rules between keys are checked too
   (once the keys involved are valid themselves). A failure raises
-  :class:`~allocator.errors.InvalidConfigError` whose ``problems`` lists every problem,
+  :class:`~allocator.core.errors.InvalidConfigError` whose ``problems`` lists every problem,
   one line each, naming its dotted key, the bad value and where it came from, e.g.
   ``pool.min_blocks: must be >= 1 (got 0, from ALLOCATOR_POOL_MIN_BLOCKS)``; "default"
   when a key nobody set breaks a rule with one that was set. A key or value that holds a
   line break or another odd character is shown quoted, so a problem is always one line;
-  a file that is not TOML (or not UTF-8) is one :class:`~allocator.errors.ConfigError`.
+  a file that is not TOML (or not UTF-8) is one :class:`~allocator.core.errors.ConfigError`.
 - A valid config holds only values a node can use: every float key is a duration in
   seconds, at most :data:`MAX_DURATION_S` (10 years: a wait, timer or ``timedelta`` of it
   never overflows); every integer fits in 64 bits, the PostgreSQL settings and ZooKeeper's
@@ -26,13 +26,13 @@ Rules:
 - Secrets (``postgres.url``'s password and every other libpq secret parameter in it,
   ``zookeeper.auth``, ``node.admin_token``) are ``SecretStr``, never echoed in errors, and
   masked by :meth:`Config.masked_dict`. Loading registers their values with
-  :func:`allocator.redact.register` as soon as it reads them, so no log line or error
+  :func:`allocator.core.redact.register` as soon as it reads them, so no log line or error
   message of the process prints them. Each can also come from a file named by its variable
   plus ``_FILE`` (:func:`secret_file_env`: ``ALLOCATOR_NODE_ADMIN_TOKEN_FILE``,
   ``ALLOCATOR_ZOOKEEPER_AUTH_FILE``, ``ALLOCATOR_POSTGRES_URL_FILE``; systemd credentials,
   Kubernetes and compose secrets, ``allocator local env``): the file's text, stripped, on
   one line, in the environment's place in the order; both the variable and its ``_FILE``
-  is a :class:`~allocator.errors.ConfigError`, like a file that cannot be read.
+  is a :class:`~allocator.core.errors.ConfigError`, like a file that cannot be read.
 - Loading reads the file and the clock (the layout epoch must not be in the future), nothing
   else: ``node.name`` left empty becomes ``<hostname>-<pid>`` only when
   :meth:`NodeConfig.resolved_name` is called.
@@ -72,9 +72,9 @@ from pydantic_core import ErrorDetails
 from pydantic_settings import BaseSettings, EnvSettingsSource, SettingsConfigDict, SettingsError
 from pydantic_settings.sources.utils import parse_env_vars
 
-from allocator import layout as layout_mod
-from allocator import redact
-from allocator.errors import ConfigError, InvalidConfigError, LayoutError, UsageError
+from allocator.core import layout as layout_mod
+from allocator.core import redact
+from allocator.core.errors import ConfigError, InvalidConfigError, LayoutError, UsageError
 
 ENV_PREFIX = "ALLOCATOR_"
 CONFIG_PATH_ENV = "ALLOCATOR_CONFIG"
@@ -152,12 +152,13 @@ def _check_znode_path(text: str, what: str) -> None:
 
 
 def mask_url(url: str) -> str:
-    """``url`` with every libpq secret parameter masked (:func:`allocator.redact.mask_conninfo`)."""
+    """``url`` with every libpq secret parameter masked
+    (:func:`allocator.core.redact.mask_conninfo`)."""
     return redact.mask_conninfo(url)
 
 
 def _register_secrets(values: Mapping[str, object]) -> None:
-    """Hands the secrets among ``values`` (dotted keys) to :func:`allocator.redact.register`,
+    """Hands the secrets among ``values`` (dotted keys) to :func:`allocator.core.redact.register`,
     so no log line or error message of this process can print them."""
     for key in SECRET_KEYS:
         value = values.get(key)
@@ -185,7 +186,7 @@ class ClusterConfig(_Section):
 
 
 class LayoutConfig(_Section):
-    """``[layout]``: the Snowflake layout (see :mod:`allocator.layout`) and the block size."""
+    """``[layout]``: the Snowflake layout (see :mod:`allocator.core.layout`) and the block size."""
 
     epoch: Int = Field(default=layout_mod.DEFAULT_EPOCH_MS, ge=0)
     """Unix milliseconds; given as ISO-8601 with an offset, a TOML datetime, or Unix ms."""
@@ -226,7 +227,7 @@ class ZookeeperConfig(_Section):
     auth: SecretStr = SecretStr("")
     """``user:password`` for digest authentication: the cluster's identity, which alone has
     any right on the chroot and every znode below it that the cluster creates
-    (:mod:`allocator.zkclient`). From the environment (``ALLOCATOR_ZOOKEEPER_AUTH``) or the
+    (:mod:`allocator.zookeeper.client`). From the environment (``ALLOCATOR_ZOOKEEPER_AUTH``) or the
     config file, never a flag. Empty: no ACLs, and ``allocator run`` refuses to start
     unless ``insecure`` is set."""
     world_readable: bool = False
@@ -328,7 +329,7 @@ class NodeConfig(_Section):
     shutdown_timeout_s: Float = Field(default=10.0, gt=0)
     state_dir: str = ""
     """An absolute path: the folder where the node keeps its state files (its ZooKeeper
-    session, :mod:`allocator.session_file`); created mode 0700 if missing, and it must not
+    session, :mod:`allocator.session.file`); created mode 0700 if missing, and it must not
     be writable by others. systemd's ``StateDirectory=allocator/%i`` makes it
     ``/var/lib/allocator/<instance>``; ``allocator local`` gives each node one of its own.
     Empty (the default): the node keeps no state file."""
@@ -523,7 +524,8 @@ class Config(BaseSettings):
 
     ``Config()`` alone reads only the process environment (pydantic-settings); the sections
     are also reachable as attributes: ``config.pool.min_blocks``. The ``[layout]`` section is
-    ``layout_section``, because :attr:`layout` is the validated :class:`~allocator.layout.Layout`.
+    ``layout_section``, because :attr:`layout` is the validated
+    :class:`~allocator.core.layout.Layout`.
     """
 
     model_config = SettingsConfigDict(

@@ -6,7 +6,7 @@ here and nowhere else. A node creates one :class:`NodeMetrics`; tests create as 
 they like.
 
 - Pool figures (``allocator_pool_*``) do not depend on which node leads: every node reads
-  ``pool_status`` itself (:mod:`allocator.pool_watch`), so any one scraped node tells the
+  ``pool_status`` itself (:mod:`allocator.node.pool_watch`), so any one scraped node tells the
   pool's state, and a follower never exports a made-up 0. Until a node's first reading
   they are NaN (no value), never 0.
 - What only a leader knows (its term, its cutting alerts) is reset by

@@ -14,12 +14,12 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from allocator.clock import wall_clock_ms
 from allocator.config import Config
-from allocator.db import NodeDatabase
-from allocator.leadership import Term
+from allocator.core.clock import wall_clock_ms
+from allocator.core.leadership import Term
 from allocator.metrics import NodeMetrics
-from allocator.ports import LeaderHooks
+from allocator.node.seams import LeaderHooks
+from allocator.postgres.store import NodeDatabase
 
 
 @dataclass

@@ -18,13 +18,13 @@ from typing import Any
 from apscheduler.events import EVENT_JOB_ERROR, JobExecutionEvent
 from apscheduler.schedulers.background import BackgroundScheduler
 
-from allocator import logs
-from allocator.clock import wall_clock_ms
 from allocator.config import Config
-from allocator.db import NodeDatabase
-from allocator.leadership import Term
+from allocator.core import logs
+from allocator.core.clock import wall_clock_ms
+from allocator.core.leadership import Term
 from allocator.metrics import NodeMetrics
-from allocator.ports import LeaderHooks
+from allocator.node.seams import LeaderHooks
+from allocator.postgres.store import NodeDatabase
 from jobs import refill, retention, sampling
 from jobs.context import LeaderContext
 
@@ -37,7 +37,7 @@ RETENTION_INTERVAL_S = 60.0
 
 
 class LeaderJobs:
-    """The real :class:`allocator.ports.LeaderJobsPort`, built by ``allocator run``."""
+    """The real :class:`allocator.node.seams.LeaderJobsPort`, built by ``allocator run``."""
 
     def __init__(
         self,

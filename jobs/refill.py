@@ -5,7 +5,7 @@ Rules:
   runway a handover needs), capped at ``pool.max_blocks`` (:mod:`allocator.runway`). Runs
   every ``pool.refill_interval_s`` and early when the sampler sees the pool below
   ``pool.low_watermark_blocks``.
-- Blocks come from :func:`allocator.cutter.plan_blocks` (strictly after the mark, never ahead
+- Blocks come from :func:`allocator.core.cutter.plan_blocks` (strictly after the mark, never ahead
   of the clock) and are written in batches, one statement each (``cut_blocks`` takes
   arrays); a run is bounded in time so leadership checks and other jobs are never starved.
 - The database clock is the reference (DESIGN §11): every run first compares the node's
@@ -38,9 +38,10 @@ from __future__ import annotations
 import threading
 import time
 
-from allocator import cutter, logs, runway
+from allocator import runway
 from allocator.config import PoolConfig
-from allocator.errors import (
+from allocator.core import cutter, logs
+from allocator.core.errors import (
     BehindHighWaterError,
     ClockAheadError,
     ClockBehindError,

@@ -9,8 +9,8 @@ Pruning never lowers the high-water mark, so I1/I2 hold for pruned blocks too.
 
 from __future__ import annotations
 
-from allocator import logs
-from allocator.errors import DatabaseUnavailableError, FencedError, WriteAbandonedError
+from allocator.core import logs
+from allocator.core.errors import DatabaseUnavailableError, FencedError, WriteAbandonedError
 from jobs.context import LeaderContext
 
 log = logs.get_logger(__name__)

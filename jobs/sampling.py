@@ -8,8 +8,8 @@ the rate is not counted twice; it never waits on ``busy`` (refill may hold it).
 
 from __future__ import annotations
 
-from allocator import logs
-from allocator.errors import DatabaseUnavailableError
+from allocator.core import logs
+from allocator.core.errors import DatabaseUnavailableError
 from jobs.context import LeaderContext
 
 log = logs.get_logger(__name__)

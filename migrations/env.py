@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from allocator import migrate
+from allocator.postgres import migrate
 
 
 def run_migrations_online() -> None:

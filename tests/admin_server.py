@@ -1,4 +1,4 @@
-"""A real :class:`~allocator.admin.AdminServer` on 127.0.0.1 with stub callables, and a raw
+"""A real :class:`~allocator.http.admin.AdminServer` on 127.0.0.1 with stub callables, and a raw
 socket client that checks every answer is well-formed HTTP; shared by the admin HTTP tests and
 its fuzzer."""
 
@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.admin import AdminServer
+from allocator.http.admin import AdminServer
 from allocator.metrics import NodeMetrics
 
 TOKEN = "test-token-0123456789-abcdefghij"

@@ -21,8 +21,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg import sql
 
-from allocator import db_errors
-from allocator.errors import AllocatorError, PrerequisiteError
+from allocator.core.errors import AllocatorError, PrerequisiteError
+from allocator.postgres import errors as db_errors
 
 CONSUMER_GROUP = "allocator_consumer"
 SERVER_SETTINGS: Final = (
@@ -91,7 +91,7 @@ def with_database(url: str, database: str) -> str:
 
 def admin(server: Server) -> psycopg.Connection[tuple[Any, ...]]:
     """A superuser connection to the server's ``postgres`` database; a server that does not
-    answer is :class:`~allocator.errors.DatabaseUnavailableError` (one line, exit 75)."""
+    answer is :class:`~allocator.core.errors.DatabaseUnavailableError` (one line, exit 75)."""
     try:
         return psycopg.connect(server.url("postgres"), autocommit=True, connect_timeout=10)
     except psycopg.Error as exc:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from typing import Final
 
-from allocator.layout import Layout
+from allocator.core.layout import Layout
 
 BLOCK_SIZE_IDS = 4096
 EPOCH = 1

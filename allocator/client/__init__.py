@@ -46,7 +46,7 @@ Rules:
   Then it raises :class:`PoolEmptyError` when the pool stayed empty (AL003),
   :class:`ClaimsPausedError` (a kind of :class:`PoolEmptyError`) when an operator had
   paused claims all along (AL004, ``allocator pool pause``), or
-  :class:`~allocator.errors.DatabaseUnavailableError` when PostgreSQL could not be reached
+  :class:`~allocator.core.errors.DatabaseUnavailableError` when PostgreSQL could not be reached
   or the claim is still running. Errors that waiting will not cure fail waiting callers at
   once: AL001/AL002 (:class:`ClaimArgumentError`; the claimer then stops for good) and any
   other database error (permissions, missing schema: the claimer keeps retrying, so the
@@ -57,8 +57,8 @@ Rules:
 - Errors are translated at the boundary (:func:`translate_claim_error`, keeping
   ``__cause__``): AL003 → :class:`PoolEmptyError`, AL004 → :class:`ClaimsPausedError`
   (retried like AL003), AL001/AL002 → :class:`ClaimArgumentError`,
-  connection failures and timeouts → :class:`~allocator.errors.DatabaseUnavailableError`
-  (retryable), anything else → :class:`~allocator.errors.DatabaseError`.
+  connection failures and timeouts → :class:`~allocator.core.errors.DatabaseUnavailableError`
+  (retryable), anything else → :class:`~allocator.core.errors.DatabaseError`.
 - Unused IDs are lost: ``close()`` stops the claimer and reports the IDs claimed but not
   handed out (:class:`UnusedIds`: count and ranges). They stay recorded as claimed by this
   consumer and are never handed to anyone again, this client included. The same holds for
@@ -93,8 +93,9 @@ Rules:
   ``claims_handed_over``, ``claims_on_claimer_thread``).
 - Client-only install: ``pip install allocator`` (without the ``node`` extra) brings psycopg,
   psycopg-pool and structlog only, so this package imports nothing else outside the standard
-  library but :mod:`allocator.errors`, :mod:`allocator.redact`, :mod:`allocator.db_errors`
-  and :mod:`allocator.logs`; never the node's modules (configuration, database layer,
+  library but :mod:`allocator.core.errors`, :mod:`allocator.core.redact`,
+  :mod:`allocator.postgres.errors`
+  and :mod:`allocator.core.logs`; never the node's modules (configuration, database layer,
   ZooKeeper). Checked by tests/integration/test_client_only_install.py.
 - Sharing: :class:`IdClient` is safe to share among threads. :class:`AsyncIdClient` belongs
   to one event loop. Neither survives ``fork()``: in a child process every client inherited

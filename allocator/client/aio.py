@@ -39,7 +39,7 @@ from allocator.client.buffer import (
     validated_settings,
 )
 from allocator.client.claimers import AsyncPostgresClaimer
-from allocator.errors import AllocatorError
+from allocator.core.errors import AllocatorError
 
 
 class AsyncIdClient(Buffer):

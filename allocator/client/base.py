@@ -16,8 +16,8 @@ from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
 import psycopg
 from psycopg_pool import PoolClosed
 
-from allocator import db_errors
-from allocator.errors import AllocatorError, DatabaseError, UsageError
+from allocator.core.errors import AllocatorError, DatabaseError, UsageError
+from allocator.postgres import errors as db_errors
 
 Range = tuple[int, int]
 
@@ -163,7 +163,7 @@ class NonBlockingClaimer(Claimer, Protocol):
     def finish(self, timeout_s: float | None = None) -> list[Block]:
         """Wait for the begun claim's answer (at most ``timeout_s``; None: the claimer's own
         bound), as :meth:`poll` but blocking. Past the bound the claim is abandoned (what it
-        claimed is lost) and :class:`~allocator.errors.DatabaseUnavailableError` raised."""
+        claimed is lost) and :class:`~allocator.core.errors.DatabaseUnavailableError` raised."""
         ...
 
 

@@ -15,7 +15,6 @@ import weakref
 from collections import deque
 from dataclasses import dataclass
 
-from allocator import logs
 from allocator.client.base import (
     MAX_BATCH_BLOCKS,
     NO_ID,
@@ -30,7 +29,8 @@ from allocator.client.base import (
     check_consumer,
     merge_ranges,
 )
-from allocator.errors import AllocatorError, DatabaseError, DatabaseUnavailableError
+from allocator.core import logs
+from allocator.core.errors import AllocatorError, DatabaseError, DatabaseUnavailableError
 
 log = logs.get_logger(__name__)
 

@@ -42,7 +42,7 @@ from allocator.client.base import (
     check_consumer,
     translate_claim_error,
 )
-from allocator.errors import DatabaseError, DatabaseUnavailableError
+from allocator.core.errors import DatabaseError, DatabaseUnavailableError
 
 
 def _blocks_of(rows: Sequence[TupleRow]) -> list[Block]:

@@ -14,7 +14,6 @@ from typing import Any
 
 from psycopg_pool import ConnectionPool
 
-from allocator import logs
 from allocator.client.base import (
     APPLICATION_NAME,
     DEFAULT_BACKOFF_INITIAL_S,
@@ -42,7 +41,8 @@ from allocator.client.buffer import (
     validated_settings,
 )
 from allocator.client.claimers import PostgresClaimer
-from allocator.errors import AllocatorError
+from allocator.core import logs
+from allocator.core.errors import AllocatorError
 
 log = logs.get_logger(__name__)
 

@@ -22,11 +22,13 @@ from pathlib import Path
 import click
 
 from allocator import config as config_mod
-from allocator import errors, runway, zkclient
+from allocator import runway
 from allocator.commands.options import GROUP_CODES, OTHER, USAGE, exit_codes
-from allocator.db import Replication, read_pool_status, read_replication
-from allocator.errors import AllocatorError, InvalidConfigError
-from allocator.layout import format_utc_ms
+from allocator.core import errors
+from allocator.core.errors import AllocatorError, InvalidConfigError
+from allocator.core.layout import format_utc_ms
+from allocator.postgres.store import Replication, read_pool_status, read_replication
+from allocator.zookeeper import client as zkclient
 
 
 def render_toml(sections: dict[str, dict[str, object]]) -> str:

@@ -15,8 +15,8 @@ from pathlib import Path
 import click
 
 from allocator import config as config_mod
-from allocator import layout
 from allocator.commands.options import CONFIG, OTHER, USAGE, exit_codes
+from allocator.core import layout
 
 
 @click.command(

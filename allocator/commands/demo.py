@@ -9,7 +9,7 @@ The story: 3 ZooKeeper servers, PostgreSQL and 3 nodes come up; one node is elec
 fills the pool; a consumer claims blocks with one SQL call (as the ``allocator_app`` role)
 while a live view shows the leader, the queue and the pool; midway the leader is SIGKILLed,
 the view shows the handover; the summary counts blocks claimed, the handover time, claim
-errors and the violations the one invariant checker (:mod:`allocator.verify`, the drill's and
+errors and the violations the one invariant checker (:mod:`allocator.core.verify`, the drill's and
 the chaos suite's too) finds in the consumer's records and the database: 0, each named if
 not, and then the demo exits non-zero (:class:`DemoError`) after stopping everything.
 """
@@ -34,7 +34,7 @@ from allocator.commands.options import (
     exit_codes,
 )
 from allocator.commands.ranges import FiniteFloatRange
-from allocator.errors import AllocatorError
+from allocator.core.errors import AllocatorError
 from allocator.local.cluster import LocalCluster
 from allocator.local.processes import is_pid_alive
 
@@ -42,9 +42,9 @@ if TYPE_CHECKING:
     import psycopg
     from kazoo.client import KazooClient
 
-    from allocator.consumers import Consumers
+    from allocator.core.verify import Claim, Violation
+    from allocator.drill.consumers import Consumers
     from allocator.local.cluster import ClusterInfo
-    from allocator.verify import Claim, Violation
 
 DEFAULT_STATE_DIR = Path(".run/demo")
 CONSUMER = "demo-consumer-1"
@@ -118,7 +118,7 @@ def demo(state_dir: Path, zk_servers: str, phase_s: float, keep: bool) -> None:
 def _failover_story(cluster: LocalCluster, info: ClusterInfo, phase_s: float) -> None:
     import psycopg
 
-    from allocator import zkclient
+    from allocator.zookeeper import client as zkclient
 
     zk = zkclient.client_for(info.node_zk_hosts, info.zk_auth, timeout_s=10.0)
     zk.start(timeout=15.0)
@@ -140,7 +140,7 @@ def _story(
     leader, epoch = _wait_for_leader(admin, None)
     _step(f"elected: {leader} (fence epoch {epoch}); it fills the pool")
     _wait_for_pool(admin)
-    from allocator.consumers import Consumers
+    from allocator.drill.consumers import Consumers
 
     consumer = Consumers(info.consumer_database_url, {CONSUMER: 1}, pause_s=CLAIM_PAUSE_S)
     consumer.start()
@@ -150,7 +150,7 @@ def _story(
     pid = next(n.pid for n in victim.nodes if n.name == leader)
     _step(
         f"SIGKILL the leader {leader} (pid {pid}); the supervisor sees it die and closes "
-        "its ZooKeeper session (allocator/reaper.py), so nobody waits for the timeout"
+        "its ZooKeeper session (allocator/session/reaper.py), so nobody waits for the timeout"
     )
     killed_at = time.monotonic()
     cluster.signal_node(leader, "SIGKILL")
@@ -178,7 +178,7 @@ def _story(
     )
     click.echo("")
     if violations:
-        from allocator import verify
+        from allocator.core import verify
 
         raise DemoError(
             f"{len(violations)} invariant violation(s) ({verify.counts_text(violations)})"
@@ -187,9 +187,9 @@ def _story(
 
 def _verdict(info: ClusterInfo, records: Sequence[Claim]) -> list[Violation]:
     """The one invariant checker over the consumer's records and the database's evidence."""
-    from allocator import verify_db
-    from allocator.db import DEFAULT_MAX_CLOCK_AHEAD_MS
-    from allocator.layout import Layout
+    from allocator.core.layout import Layout
+    from allocator.postgres import ledger as verify_db
+    from allocator.postgres.store import DEFAULT_MAX_CLOCK_AHEAD_MS
 
     return verify_db.judge(
         records,
@@ -228,7 +228,7 @@ def _view(
     seconds: float,
 ) -> None:
     """The live view: fence holder, election queue, pool level, the consumer's progress."""
-    from allocator.election import read_contenders
+    from allocator.zookeeper.election import read_contenders
 
     end = time.monotonic() + seconds
     while time.monotonic() < end:

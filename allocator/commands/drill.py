@@ -23,7 +23,6 @@ from types import FrameType
 
 import click
 
-from allocator import verify
 from allocator.commands import options
 from allocator.commands.options import (
     CONFIG,
@@ -33,6 +32,7 @@ from allocator.commands.options import (
     USAGE,
     exit_codes,
 )
+from allocator.core import verify
 from allocator.drill import output, plan
 from allocator.drill.observe import DrillError
 from allocator.drill.scenarios import ALL, MIXED, SCENARIOS

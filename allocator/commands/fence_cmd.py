@@ -15,7 +15,8 @@ Rules:
      anything changes: ZooKeeper's watermark, the fence and mark in the database, and
      ZooKeeper's generation and newest zxid; an unreachable ensemble fails the command
      while the fence is still untouched. That order: the watermark lags the database and
-     the zxids lead it (:func:`allocator.status.read_watermark`, :mod:`allocator.status`),
+     the zxids lead it (:func:`allocator.cluster_status.read_watermark`,
+     :mod:`allocator.cluster_status`),
      so a leader at work between the reads can make neither verdict below wrong. Refuse a
      database that went back (below).
   2. Show the plan and get the confirmation (below); then recreate the chroot and the
@@ -47,7 +48,7 @@ Rules:
   time; the reason is the audit record's why, so a stale one must not linger in an
   environment).
 - The reason is checked here (1..1000 characters, not only blanks) and again by the SQL
-  function (AL106 → :class:`~allocator.errors.InvalidRequestError`).
+  function (AL106 → :class:`~allocator.core.errors.InvalidRequestError`).
 - The database URL is ``--database-url`` (``ALLOCATOR_FENCE_REBASE_DATABASE_URL``) or
   ``--database-url-file``, else ``postgres.url``: a login role granted
   ``allocator_operator``, which the audit records. A URL with a password is refused on the
@@ -74,13 +75,16 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 from kazoo.security import ACL
 
+from allocator import cluster_status as status
 from allocator import config as config_mod
-from allocator import db, fence, status, zkclient
+from allocator import fence
 from allocator.commands import options
 from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
 from allocator.config import Config
-from allocator.errors import AllocatorError, ConfigError, UsageError
-from allocator.zookeeper_hosts import split_hosts
+from allocator.core.errors import AllocatorError, ConfigError, UsageError
+from allocator.core.zookeeper_hosts import split_hosts
+from allocator.postgres import store as db
+from allocator.zookeeper import client as zkclient
 
 MAX_REASON_CHARS = 1000
 """As ``allocator.rebase_fence`` checks it (AL106)."""

@@ -17,7 +17,7 @@ as paths (``ALLOCATOR_NODE_ADMIN_TOKEN_FILE``, ``ALLOCATOR_ZOOKEEPER_AUTH_FILE``
 recorded for an existing one). The drill commands act on one process by its recorded pid:
 ``zk-stop``/``zk-start``, ``pg-stop``/``pg-start``, ``node-stop``/``node-start`` (through
 the node supervisor, which then neither restarts nor forgets the node) and ``node-signal``.
-Errors are :class:`allocator.errors.AllocatorError` subclasses: one line, non-zero exit;
+Errors are :class:`allocator.core.errors.AllocatorError` subclasses: one line, non-zero exit;
 each command's ``--help`` lists its exit codes.
 """
 
@@ -40,7 +40,7 @@ from allocator.commands.options import (
     USAGE,
     exit_codes,
 )
-from allocator.errors import UsageError
+from allocator.core.errors import UsageError
 from allocator.local import client_env, postgres
 from allocator.local import nodes as nodes_mod
 from allocator.local.cluster import MAX_NODES, ClusterInfo, LocalCluster, NodeInfo

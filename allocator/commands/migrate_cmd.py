@@ -23,7 +23,7 @@ import click
 from allocator import config as config_mod
 from allocator.commands import options
 from allocator.commands.options import CONFIG, OTHER, USAGE, exit_codes
-from allocator.errors import UsageError
+from allocator.core.errors import UsageError
 
 
 @click.command(
@@ -59,7 +59,7 @@ def migrate_command(
     set_pairs: tuple[str, ...],
 ) -> None:
     """Apply the schema migrations (default: upgrade to the newest revision)."""
-    from allocator import migrate  # alembic is slow to import; only this command needs it
+    from allocator.postgres import migrate
 
     flags = {"postgres.url": database_url} if database_url else {}
     url = config_mod.load_from_options(config_path, set_pairs, flags).postgres.url

@@ -26,7 +26,7 @@ Rules:
   :func:`session_timeout_option`). A command passes what differs (its default folder,
   its JSON file's stem, its defaults, its help); names and types stay the same everywhere.
 - Every command's ``--help`` ends with its exit codes: :func:`exit_codes` makes the epilog
-  from entries whose numbers come from :mod:`allocator.errors` (:data:`OK`, :data:`USAGE`,
+  from entries whose numbers come from :mod:`allocator.core.errors` (:data:`OK`, :data:`USAGE`,
   :data:`CONFIG`, ...), so a listed code is the one the error really carries; each entry
   says what it means for that command. A unit test checks every command lists them.
 """
@@ -42,8 +42,8 @@ import click
 from click.core import ParameterSource
 
 from allocator import config as config_mod
-from allocator import errors, redact
-from allocator.errors import UsageError
+from allocator.core import errors, redact
+from allocator.core.errors import UsageError
 
 F = TypeVar("F", bound=Callable[..., Any])
 

@@ -1,6 +1,6 @@
 """``allocator pool``: pause and resume claims, and reset the pool after a restore.
 
-``pool pause`` / ``pool resume`` (operator role; :mod:`allocator.claim_pause`, migration
+``pool pause`` / ``pool resume`` (operator role; :mod:`allocator.pool.pause`, migration
 0010): pause commits the pause (audited in ``allocator.claim_pause_history``), then waits
 until every claim that was in flight has ended, at most ``--timeout`` (exit 75 naming the
 sessions still holding one; the pause stays in force). No ``--yes``: a pause takes nothing
@@ -14,10 +14,10 @@ resume):
 
 1. The old database (``--old-database-url``): its claims must be paused and no claim begun
    before that pause may still be open (else exit 1, nothing changed); then its mark, read
-   after the pause, is a candidate (:mod:`allocator.restore_mark` argues each). Unreachable:
+   after the pause, is a candidate (:mod:`allocator.pool.restore_mark` argues each). Unreachable:
    exit 75, nothing changed; an operator who knows it is gone says
    ``--old-database-unreachable`` instead, and the mark then rests on the watermark and the
-   restored server's clock (the bound that holds is in :mod:`allocator.restore_mark`). One
+   restored server's clock (the bound that holds is in :mod:`allocator.pool.restore_mark`). One
    of the two is required: which bound protects the IDs is the operator's explicit choice,
    never a default. The same database as the one reset is refused (exit 2).
 2. ZooKeeper's watermark (the config's servers, without the chroot), read after the pause.
@@ -51,8 +51,9 @@ from typing import Any
 import click
 import psycopg
 
-from allocator import claim_pause, db, fence, redact, restore_mark, status, zkclient
+from allocator import cluster_status as status
 from allocator import config as config_mod
+from allocator import fence
 from allocator.commands import options
 from allocator.commands.fence_cmd import (
     audited_options,
@@ -62,8 +63,13 @@ from allocator.commands.fence_cmd import (
 from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
 from allocator.commands.ranges import FiniteFloatRange
 from allocator.config import Config
-from allocator.errors import AllocatorError, DatabaseUnavailableError, UsageError
-from allocator.zookeeper_hosts import chroot_of
+from allocator.core import redact
+from allocator.core.errors import AllocatorError, DatabaseUnavailableError, UsageError
+from allocator.core.zookeeper_hosts import chroot_of
+from allocator.pool import pause as claim_pause
+from allocator.pool import restore_mark
+from allocator.postgres import store as db
+from allocator.zookeeper import client as zkclient
 
 MAX_REASON_CHARS = 1000
 

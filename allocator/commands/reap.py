@@ -2,7 +2,7 @@
 
 Rules: reads the node's configuration exactly as ``allocator run`` does (``--name``
 overrides ``node.name``), then does only what a starting node does first
-(:func:`allocator.reaper.reap`): read ``<node.state_dir>/session.json`` and close that
+(:func:`allocator.session.reaper.reap`): read ``<node.state_dir>/session.json`` and close that
 session if, and only if, its process is provably dead on this host: the lock the node
 holds on its state folder is free, or its pid is gone in the pid namespace it ran in. From
 another pid namespace (``docker compose run``) or without a readable ``/proc``, a pid it
@@ -23,10 +23,10 @@ from pathlib import Path
 import click
 
 from allocator import config as config_mod
-from allocator import reaper
 from allocator.commands.options import OTHER, USAGE, exit_codes
 from allocator.commands.run import load
-from allocator.errors import ConfigError
+from allocator.core.errors import ConfigError
+from allocator.session import reaper
 
 
 @click.command(

@@ -3,7 +3,7 @@
 Rules: every setting comes from the config (file < ``ALLOCATOR_*`` < ``--set`` < the flags
 here); ``--check`` validates, prints the effective config with secrets masked and exits.
 Without ``zookeeper.auth`` both refuse (exit 78) unless ``zookeeper.insecure`` is set
-(:func:`allocator.zkclient.check_node`); the node then warns at every start.
+(:func:`allocator.zookeeper.client.check_node`); the node then warns at every start.
 SIGTERM and SIGINT stop the node gracefully (a leader hands over at once). The process exit
 code is the node's: 0 stopped, 3 session lost, 4 fenced (see ``allocator.node``).
 
@@ -13,7 +13,7 @@ deliberately broken node build their own collaborators through the same seams
 (``tests/chaos``), never through a switch in the product: this command reads no
 test-only variable (skewed clocks come from libfaketime, broken nodes are built in
 ``tests/``, and a test that must expire a node's session reads the node's session file,
-see :mod:`allocator.session_file`).
+see :mod:`allocator.session.file`).
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from allocator import config as config_mod
-from allocator import logs
 from allocator.commands.options import OTHER, USAGE, exit_codes
+from allocator.core import logs
 
 if TYPE_CHECKING:
     from allocator.config import Config
@@ -42,11 +42,11 @@ log = logging.getLogger(__name__)
 
 def zookeeper_factory(config: Config, *, root: bool = False) -> Callable[[], Any]:
     """Builds a fresh kazoo client for the node's cluster (one per session, see the node),
-    authenticated and with the cluster's ACL (:func:`allocator.zkclient.client`); ``root``:
+    authenticated and with the cluster's ACL (:func:`allocator.zookeeper.client.client`); ``root``:
     without the chroot (only to recreate the chroot after an ensemble wipe)."""
     from kazoo.retry import KazooRetry
 
-    from allocator import zkclient
+    from allocator.zookeeper import client as zkclient
 
     def make() -> Any:
         return zkclient.client(
@@ -77,11 +77,11 @@ def build_node(
     ``jobs_factory`` (called like :class:`jobs.leader.LeaderJobs`) replace the database
     access, the term and the leader's jobs (tests build broken variants this way, in
     ``tests/``)."""
-    from allocator.clock import wall_clock_ms
-    from allocator.db import NodeDatabase
-    from allocator.leadership import Term
+    from allocator.core.clock import wall_clock_ms
+    from allocator.core.leadership import Term
     from allocator.metrics import NodeMetrics
     from allocator.node import Node
+    from allocator.postgres.store import NodeDatabase
     from jobs.leader import LeaderJobs
 
     clock = now_ms or wall_clock_ms
@@ -155,7 +155,7 @@ def run(
     set_pairs: tuple[str, ...],
 ) -> None:
     """Run an allocator node: join the election, and cut blocks while leading."""
-    from allocator import zkclient
+    from allocator.zookeeper import client as zkclient
 
     config = load(name, admin_address, on_session_loss, log_format, config_path, set_pairs)
     zkclient.check_node(config)  # the node would refuse to start: so does --check

@@ -2,7 +2,7 @@
 
 Rules: read-only except step-down, which asks the current leader (found in the election
 znodes' data) over its admin HTTP with ``node.admin_token``; ``--json`` prints DESIGN
-§10's keys (plus the additions :mod:`allocator.status` lists, among them ``fence``);
+§10's keys (plus the additions :mod:`allocator.cluster_status` lists, among them ``fence``);
 ``watch`` prints a line per change of leader, epoch or fence as it happens and a pool line
 every few seconds, and stops after ``--duration`` seconds or on Ctrl-C; with ``--json`` each
 line is one JSON object (JSON lines: ``time``, ISO-8601 UTC, ``event`` and its fields, see
@@ -33,10 +33,11 @@ from typing import Any
 import click
 
 from allocator import config as config_mod
-from allocator import errors, runway
+from allocator import runway
 from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
 from allocator.commands.ranges import FiniteFloatRange
-from allocator.errors import AllocatorError, UsageError
+from allocator.core import errors
+from allocator.core.errors import AllocatorError, UsageError
 
 WATCH_INTERVAL_S = 0.25
 POOL_LINE_EVERY_S = 5.0
@@ -59,7 +60,7 @@ Emit = Callable[[str, str, dict[str, Any]], None]
 @config_mod.config_options
 def status(as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]) -> None:
     """Leader, contenders in election order, pool level and the last handovers."""
-    from allocator.status import gather
+    from allocator.cluster_status import gather
 
     config = config_mod.load_from_options(config_path, set_pairs)
     data = gather(config).to_json()
@@ -236,7 +237,7 @@ def watch(
     claims_paused),
     election (unparsable, ignored) or unavailable (error).
     """
-    from allocator.status import gather
+    from allocator.cluster_status import gather
 
     config = config_mod.load_from_options(config_path, set_pairs)
     emit = _json_line if as_json else _text_line
@@ -315,7 +316,7 @@ def step_down(
     timeout: float, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
 ) -> None:
     """Ask the current leader to hand over at once (needs node.admin_token)."""
-    from allocator.status import read_contenders_once
+    from allocator.cluster_status import read_contenders_once
 
     config = config_mod.load_from_options(config_path, set_pairs)
     token = config.node.admin_token.get_secret_value()

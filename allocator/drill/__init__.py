@@ -5,7 +5,7 @@ The package, one job per module:
 - :mod:`.scenarios`: every fault (what it needs, how it is applied and healed);
   :mod:`.schedule`: the seeded mixed schedule (two faults at once sometimes).
 - :mod:`.runner`: rounds against a ready cluster, handover times, the verdict (the one
-  checker, :mod:`allocator.verify`); :mod:`.observe`: how the cluster is seen (fence,
+  checker, :mod:`allocator.core.verify`); :mod:`.observe`: how the cluster is seen (fence,
   election, the nodes' own ``/status``, their logs); :mod:`.sql`: its statements.
 - :mod:`.timeline`: who served as leader when, pool level, claims/s, faults;
   :mod:`.resources`: a soak's per-node memory, open files and threads.

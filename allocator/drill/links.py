@@ -37,9 +37,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from allocator import files
+from allocator.core import files
+from allocator.core.errors import ConfigError, UsageError
 from allocator.drill.proxy import Proxy
-from allocator.errors import ConfigError, UsageError
 
 FILE_SUFFIX = ".json"
 FILE_MODE = 0o600
@@ -56,7 +56,7 @@ class LinksFileError(ConfigError):
 
 def validate_offset(offset: str | None) -> str | None:
     """``offset`` if it is a clock offset libfaketime reads (module rules) or None, else
-    :class:`~allocator.errors.UsageError`."""
+    :class:`~allocator.core.errors.UsageError`."""
     if offset is None or _OFFSET.fullmatch(offset):
         return offset
     raise UsageError(

@@ -4,7 +4,7 @@ Rules:
 
 - The fence row (``allocator.fence``) is the truth about who leads: it is read on one
   dedicated autocommit connection (no pool, no retries; a failed read drops it, the next
-  read reconnects). The election is read with :func:`allocator.election.read_contenders`.
+  read reconnects). The election is read with :func:`allocator.zookeeper.election.read_contenders`.
 - A cluster is *ready* for a round when every node runs (pid from the supervisor's
   records, or any pid for a deployed cluster), the election holds exactly one znode per
   node with that pid, the fence is held by the first of them with that pid, and that
@@ -33,11 +33,11 @@ from typing import Any, Final
 import psycopg
 from kazoo.exceptions import KazooException
 
-from allocator import logs
+from allocator.core import logs
+from allocator.core.errors import AllocatorError
 from allocator.drill import sql
-from allocator.election import Contender
-from allocator.errors import AllocatorError
 from allocator.local import nodes as nodes_mod
+from allocator.zookeeper.election import Contender
 
 log = logs.get_logger(__name__)
 
@@ -46,7 +46,7 @@ CONNECT_TIMEOUT_S: Final = 5
 HTTP_TIMEOUT_S: Final = 5.0
 STATUS_TIMEOUT_S: Final = 0.3
 FENCED_WRITE_EVENTS: Final = (b"event=fenced_write_rejected", b'"event": "fenced_write_rejected"')
-"""The event in a text log line and in a JSON one (:mod:`allocator.logs`)."""
+"""The event in a text log line and in a JSON one (:mod:`allocator.core.logs`)."""
 
 
 class DrillError(AllocatorError):

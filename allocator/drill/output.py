@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from allocator import files
+from allocator.core import files
 from allocator.drill.results import ScenarioResult
 
 TABLE_COLUMNS: Final = (

@@ -12,7 +12,7 @@ Rules:
   (ZooKeeper for the election, the admin API's step-down, the database), so only
   ``step-down``.
 - A scenario the target cannot run is refused before anything runs: asked for by name, the
-  run fails with the reason (:class:`~allocator.errors.UsageError`); within ``all`` or
+  run fails with the reason (:class:`~allocator.core.errors.UsageError`); within ``all`` or
   ``mixed`` it is left out, and the document's ``refused`` says why.
 - ``mixed`` draws its schedule from ``--seed`` (a random seed when none is given, always
   recorded); a soak (``duration_s``) runs a mixed schedule of the faults node processes
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from allocator import config as config_mod
-from allocator import zkclient
+from allocator.core.errors import UsageError
 from allocator.drill import resources, schedule
 from allocator.drill import scenarios as scenarios_mod
 from allocator.drill.links import Links
@@ -47,11 +47,11 @@ from allocator.drill.output import document, verdict
 from allocator.drill.results import ScenarioResult
 from allocator.drill.runner import Drill, Sources
 from allocator.drill.scenarios import LINKS, MIXED, SCENARIOS, STANDBY, Target, refusal
-from allocator.election import read_contenders
-from allocator.errors import UsageError
 from allocator.local import nodes as nodes_mod
 from allocator.local.cluster import ClusterInfo, LocalCluster
 from allocator.local.processes import is_pid_alive
+from allocator.zookeeper import client as zkclient
+from allocator.zookeeper.election import read_contenders
 
 LINKS_DIR: Final = "drill-links"
 SHIM: Final = (sys.executable, "-m", "allocator.drill.shim")

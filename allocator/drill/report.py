@@ -39,7 +39,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
-from allocator import files as files_mod
+from allocator.core import files as files_mod
 
 JSON_NAME: Final = "drill.json"
 MARKDOWN_NAME: Final = "drill.md"

@@ -45,7 +45,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Final
 
-from allocator import logs
+from allocator.core import logs
 
 logger = logs.get_logger(__name__)
 

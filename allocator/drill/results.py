@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.verify import Violation
+from allocator.core.verify import Violation
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:

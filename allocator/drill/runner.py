@@ -16,11 +16,11 @@ Rules:
   scenario is skipped (recorded as failed), and a soak stops there (its schedule is
   endless: the failed rounds already fail it). Whatever a round injected is healed before it
   returns, whatever happened.
-- Consumers (the product's recorder, :mod:`allocator.consumers`) claim throughout through
+- Consumers (the product's recorder, :mod:`allocator.drill.consumers`) claim throughout through
   the consumer URL. ``claim_errors`` counts failed claims other than "pool empty" (SQLSTATE
   AL003, counted apart as ``pool_empty``), ``claim_error_kinds`` the same by SQLSTATE.
-- The verdict after each scenario is the one invariant checker (:mod:`allocator.verify`)
-  over every record the consumers have so far and what :mod:`allocator.verify_db` reads;
+- The verdict after each scenario is the one invariant checker (:mod:`allocator.core.verify`)
+  over every record the consumers have so far and what :mod:`allocator.postgres.ledger` reads;
   a scenario lists only the violations no earlier one reported.
 - ``stale_writes_rejected`` counts the ``fenced_write_rejected`` events (text or JSON
   lines) the nodes logged during the scenario (local clusters: their log files); null when
@@ -42,12 +42,14 @@ from typing import Any, Final
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
-from allocator import consumers as consumers_mod
-from allocator import logs, verify_db, zkclient
 from allocator.config import ZookeeperConfig
-from allocator.consumers import Consumers, ConsumerStats, StuckConsumersError
-from allocator.db import DEFAULT_MAX_CLOCK_AHEAD_MS
+from allocator.core import logs
+from allocator.core.errors import AllocatorError, DatabaseError, ZooKeeperUnavailableError
+from allocator.core.layout import Layout
+from allocator.core.verify import Violation
+from allocator.drill import consumers as consumers_mod
 from allocator.drill import scenarios as scenarios_mod
+from allocator.drill.consumers import Consumers, ConsumerStats, StuckConsumersError
 from allocator.drill.observe import (
     FENCE_POLL_INTERVAL_S,
     DrillError,
@@ -62,10 +64,10 @@ from allocator.drill.observe import (
 from allocator.drill.results import RoundResult, ScenarioResult
 from allocator.drill.scenarios import Fault, Scenario, Target, Waits
 from allocator.drill.timeline import Timeline
-from allocator.election import read_contenders
-from allocator.errors import AllocatorError, DatabaseError, ZooKeeperUnavailableError
-from allocator.layout import Layout
-from allocator.verify import Violation
+from allocator.postgres import ledger as verify_db
+from allocator.postgres.store import DEFAULT_MAX_CLOCK_AHEAD_MS
+from allocator.zookeeper import client as zkclient
+from allocator.zookeeper.election import read_contenders
 
 log = logs.get_logger(__name__)
 

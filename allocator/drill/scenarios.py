@@ -20,7 +20,7 @@ Rules:
   and a pause twice it (past the session), quorum loss one and a half.
 - Faults act only through real mechanisms: the cluster manager's signals and server stops,
   a second client closing the leader's ZooKeeper session with the credentials of its
-  session file (:func:`allocator.reaper.close_session`), the drill's proxies, libfaketime.
+  session file (:func:`allocator.session.reaper.close_session`), the drill's proxies, libfaketime.
 """
 
 from __future__ import annotations
@@ -35,10 +35,12 @@ from typing import Final
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from allocator import logs, reaper, session_file
+from allocator.core import logs
 from allocator.drill.links import Links
 from allocator.drill.observe import DrillError, Leader, request_step_down
 from allocator.local.cluster import LocalCluster
+from allocator.session import file as session_file
+from allocator.session import reaper
 
 log = logs.get_logger(__name__)
 

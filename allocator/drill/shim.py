@@ -43,8 +43,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from allocator.config import process_environment
+from allocator.core.errors import ConfigError, PrerequisiteError
 from allocator.drill.links import NodeLinks, read_node_links
-from allocator.errors import ConfigError, PrerequisiteError
 from allocator.local.ports import LOOPBACK
 
 PROG = "allocator.drill.shim"
@@ -102,7 +102,7 @@ def node_env(
 
 def find_libfaketime(candidates: Iterable[Path] = LIBFAKETIME_PATHS) -> Path:
     """The first of ``candidates`` that exists, else
-    :class:`~allocator.errors.PrerequisiteError`."""
+    :class:`~allocator.core.errors.PrerequisiteError`."""
     paths = list(candidates)
     for path in paths:
         if path.is_file():

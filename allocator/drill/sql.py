@@ -1,7 +1,7 @@
 """Every statement the drill runs, in one place (read-only; superuser or a reader's URL).
 
 Rules: the drill reads, never writes: the fence row, the pool's level. The verdict's reads
-are :mod:`allocator.verify_db`'s. Nothing here names a table the claim path writes.
+are :mod:`allocator.postgres.ledger`'s. Nothing here names a table the claim path writes.
 """
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ from typing import Any, Final
 
 import psycopg
 
-from allocator import logs
+from allocator.core import logs
 from allocator.drill.observe import FenceReader, node_serves
 
 log = logs.get_logger(__name__)

@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from allocator import config as config_mod
-from allocator import files
-from allocator.errors import LocalClusterError
+from allocator.core import files
+from allocator.core.errors import LocalClusterError
 from allocator.local.cluster import SECRETS_DIR, ClusterInfo
 
 STATE_DIR_ENV = "ALLOCATOR_LOCAL_STATE_DIR"

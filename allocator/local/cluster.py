@@ -76,9 +76,9 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from allocator import logs
 from allocator.config import process_environment
-from allocator.errors import LocalClusterError, ServerStartError, UsageError
+from allocator.core import logs
+from allocator.core.errors import LocalClusterError, ServerStartError, UsageError
 from allocator.local import nodes as nodes_mod
 from allocator.local import ports, postgres, processes, zookeeper
 from allocator.local.ports import LOOPBACK
@@ -1418,6 +1418,6 @@ def _pick_ports(count: int, exclude: set[int]) -> list[int]:
 
 def _apply_migrations(database_url: str) -> None:
     """``allocator.migrate.upgrade_to_head``; imported here so status/down skip Alembic."""
-    from allocator import migrate
+    from allocator.postgres import migrate
 
     migrate.upgrade_to_head(database_url)

@@ -44,7 +44,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from allocator import logs
+from allocator.core import logs
 from allocator.local import postgres, processes
 from allocator.local.ports import LOOPBACK
 
@@ -308,7 +308,7 @@ def stop_recorded(state_dir: Path, timeout_s: float = STOP_TIMEOUT_S) -> list[in
     """Stop every node process ``nodes.json`` lists that still runs; return the pids hit.
 
     For when no supervisor is there to do it (it was killed): SIGTERM, SIGKILL after
-    ``timeout_s``. Raises :class:`~allocator.errors.LocalClusterError` if one survives.
+    ``timeout_s``. Raises :class:`~allocator.core.errors.LocalClusterError` if one survives.
     """
     runtime = read_runtime(state_dir)
     if runtime is None:

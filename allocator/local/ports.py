@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import socket
 
-from allocator.errors import PortInUseError
+from allocator.core.errors import PortInUseError
 
 LOOPBACK = "127.0.0.1"
 

@@ -60,9 +60,9 @@ from urllib.parse import quote
 import psycopg
 from psycopg import sql
 
-from allocator import logs
 from allocator.config import process_environment
-from allocator.errors import LocalClusterError, PrerequisiteError, ServerStartError
+from allocator.core import logs
+from allocator.core.errors import LocalClusterError, PrerequisiteError, ServerStartError
 from allocator.local import processes
 from allocator.local.ports import LOOPBACK
 

@@ -57,8 +57,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
-from allocator import logs
-from allocator.errors import LocalClusterError, ServerStartError
+from allocator.core import logs
+from allocator.core.errors import LocalClusterError, ServerStartError
 
 log = logs.get_logger(__name__)
 

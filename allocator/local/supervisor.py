@@ -13,7 +13,7 @@ Rules (systemd's ``Restart=always``, for the nodes of one state folder):
   ``nodes/<name>.log``, the state folder as working folder, environment
   :func:`~allocator.local.nodes.base_env` of ours plus the node's spec.
 - Whenever a node exits (asked to or not), the session it may have left is reaped in a
-  thread (:mod:`allocator.reaper`; the child handle proves the process dead, so its
+  thread (:mod:`allocator.session.reaper`; the child handle proves the process dead, so its
   successor need not wait for ZooKeeper to expire the session). The thread removes the
   session file only while it still names the session it closed and the restarted node
   does not hold the state folder's lock: a restarted node that recorded its own session
@@ -55,10 +55,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from allocator import logs, reaper
 from allocator.config import load_config, process_environment
-from allocator.errors import AllocatorError
+from allocator.core import logs
+from allocator.core.errors import AllocatorError
 from allocator.local import nodes, processes
+from allocator.session import reaper
 
 log = logs.get_logger("allocator.local.supervisor")
 

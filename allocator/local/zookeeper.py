@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Any
 
 from allocator.config import process_environment
-from allocator.errors import PrerequisiteError, ServerStartError
+from allocator.core.errors import PrerequisiteError, ServerStartError
 from allocator.local import processes
 from allocator.local.ports import LOOPBACK
 
@@ -294,12 +294,12 @@ def check_client(hosts: str, timeout_s: float) -> None:
 def ensure_chroot(hosts: str, chroot: str, auth: str, timeout_s: float) -> None:
     """Create the cluster's ``chroot`` on ``hosts`` (the ensemble, no chroot) if it does not
     exist: its parents with the open ACL, itself with all rights for the digest identity
-    ``auth`` alone (:mod:`allocator.zkclient`). An existing chroot with another ACL (made
+    ``auth`` alone (:mod:`allocator.zookeeper.client`). An existing chroot with another ACL (made
     by a version without ACLs) gets ours. An empty ``auth`` leaves the chroot open."""
     from kazoo.exceptions import KazooException
     from kazoo.handlers.threading import KazooTimeoutError
 
-    from allocator import zkclient
+    from allocator.zookeeper import client as zkclient
 
     acl = zkclient.digest_acl(auth)
     client = zkclient.client_for(hosts, auth, timeout_s=max(1.0, timeout_s))

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from allocator import fence, logs
+from allocator import fence
+from allocator.core import logs
 from allocator.metrics import NodeMetrics
 from allocator.node.signals import Signals
 

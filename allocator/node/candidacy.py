@@ -22,10 +22,9 @@ from dataclasses import dataclass
 
 from kazoo.exceptions import KazooException
 
-from allocator import fence, logs
-from allocator.db import Takeover
-from allocator.election import Election
-from allocator.errors import (
+from allocator import fence
+from allocator.core import logs
+from allocator.core.errors import (
     AllocatorError,
     DatabaseBehindError,
     DatabaseError,
@@ -33,7 +32,7 @@ from allocator.errors import (
     LayoutMismatchError,
     StaleTakeoverError,
 )
-from allocator.health import NodeHealth
+from allocator.core.health import NodeHealth
 from allocator.metrics import NodeMetrics
 from allocator.node.blockers import (
     DATABASE_BEHIND,
@@ -44,9 +43,11 @@ from allocator.node.blockers import (
 from allocator.node.contenders import fit_contenders, leave
 from allocator.node.exits import EXIT_CONFIG
 from allocator.node.pacing import Pacing
+from allocator.node.seams import NodeStore
 from allocator.node.signals import Signals
 from allocator.node.watermark import WatermarkKeeper
-from allocator.ports import NodeStore
+from allocator.postgres.store import Takeover
+from allocator.zookeeper.election import Election
 
 log = logs.get_logger(__name__)
 

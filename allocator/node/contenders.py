@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from kazoo.exceptions import KazooException
 
-from allocator import logs
-from allocator.election import Contender, Election, ZooKeeperCallTimeoutError
+from allocator.core import logs
+from allocator.zookeeper.election import Contender, Election, ZooKeeperCallTimeoutError
 
 log = logs.get_logger(__name__)
 

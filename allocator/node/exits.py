@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from allocator.errors import ConfigError
+from allocator.core.errors import ConfigError
 
 EXIT_OK = 0
 """Stopped on request."""

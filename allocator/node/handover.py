@@ -1,7 +1,7 @@
 """Whether a leader should hand over now: a reason that applies AND a fit contender.
 
 A leader whose clock has disagreed for ``leader.clock_skew_handover_s``, or whose writes
-have all failed for ``leader.db_unreachable_s`` (:mod:`allocator.health`), hands over, but
+have all failed for ``leader.db_unreachable_s`` (:mod:`allocator.core.health`), hands over, but
 only to a contender that advertises both a reachable database and an agreeing clock;
 otherwise it keeps leading and reports the handover as withheld (no churn). A leader whose
 clock disagrees while the pool holds less than a handover's runway hands over at once.
@@ -9,13 +9,14 @@ clock disagrees while the pool holds less than a handover's runway hands over at
 
 from __future__ import annotations
 
-from allocator import health, logs, runway
+from allocator import runway
 from allocator.config import Config
-from allocator.election import Election
-from allocator.health import NodeHealth
+from allocator.core import health, logs
+from allocator.core.health import NodeHealth
 from allocator.metrics import NodeMetrics
 from allocator.node.contenders import fit_contenders
-from allocator.pool_watch import PoolWatch
+from allocator.node.pool_watch import PoolWatch
+from allocator.zookeeper.election import Election
 
 log = logs.get_logger(__name__)
 

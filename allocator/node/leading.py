@@ -1,7 +1,7 @@
 """A leader's term: from the committed takeover to its end, by the table of
 :mod:`allocator.node.term_end`.
 
-- A node writes only inside a :class:`~allocator.leadership.Term`: after it is first in the
+- A node writes only inside a :class:`~allocator.core.leadership.Term`: after it is first in the
   election AND its takeover committed. Every write checks ``term.may_write()`` before it
   starts and again right before COMMIT (the jobs, :mod:`jobs`).
 - SUSPENDED pauses the term at once (the session's listener). Reconnecting with the same
@@ -20,22 +20,23 @@ from collections.abc import Callable
 
 from kazoo.exceptions import KazooException
 
-from allocator import fence, logs
-from allocator.db import Takeover
-from allocator.election import Election, ElectionNodeLostError, ZooKeeperCallTimeoutError
-from allocator.errors import AllocatorError, FencedError, LayoutMismatchError
-from allocator.health import NodeHealth
-from allocator.leadership import SessionGuard, Term
+from allocator import fence
+from allocator.core import logs
+from allocator.core.errors import AllocatorError, FencedError, LayoutMismatchError
+from allocator.core.health import NodeHealth
+from allocator.core.leadership import SessionGuard, Term
 from allocator.metrics import NodeMetrics
 from allocator.node.contenders import leave
 from allocator.node.exits import EXIT_CONFIG, EXIT_FENCED
 from allocator.node.handover import Handover
 from allocator.node.pacing import Pacing
+from allocator.node.pool_watch import PoolWatch
+from allocator.node.seams import LeaderHooks, LeaderJobsPort, NodeStore
 from allocator.node.signals import Signals
 from allocator.node.term_end import RULES, TermEnd
 from allocator.node.watermark import WatermarkKeeper
-from allocator.pool_watch import PoolWatch
-from allocator.ports import LeaderHooks, LeaderJobsPort, NodeStore
+from allocator.postgres.store import Takeover
+from allocator.zookeeper.election import Election, ElectionNodeLostError, ZooKeeperCallTimeoutError
 
 log = logs.get_logger(__name__)
 

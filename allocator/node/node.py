@@ -1,6 +1,6 @@
 """An allocator node (``allocator run``): the collaborators composed, the run loop, the exit.
 
-The node receives what it talks to (:mod:`allocator.ports`: the store, a ZooKeeper client
+The node receives what it talks to (:mod:`allocator.node.seams`: the store, a ZooKeeper client
 factory, the leader's jobs, the clock); its constructor does no I/O; :meth:`Node.run` does
 it all and always cleans up. Exit codes: 0 stopped on request; 3 ZooKeeper session lost;
 4 fenced by a newer leader; 69/70/75/78 as for every command (missing prerequisite, bug,
@@ -17,33 +17,35 @@ from typing import Any
 
 from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 
-from allocator import logs, runway, zkclient
-from allocator.admin import AdminServer
-from allocator.clock import wall_clock_ms
-from allocator.cluster_view import ClusterView
+from allocator import runway
 from allocator.config import Config
-from allocator.election import (
+from allocator.core import logs
+from allocator.core.clock import wall_clock_ms
+from allocator.core.health import NodeHealth
+from allocator.core.leadership import SessionGuard, Term
+from allocator.http.admin import AdminServer
+from allocator.metrics import NodeMetrics
+from allocator.node.blockers import Blockers
+from allocator.node.candidacy import Candidacy, Taken
+from allocator.node.cluster_view import ClusterView
+from allocator.node.exits import EXIT_OK, EXIT_SESSION_LOST
+from allocator.node.handover import Handover
+from allocator.node.leading import Leading, TermFactory
+from allocator.node.pacing import Pacing
+from allocator.node.pool_watch import PoolWatch
+from allocator.node.probe import Prober, ready
+from allocator.node.seams import LeaderJobsPort, NodeStore, ZooKeeperFactory
+from allocator.node.session import ZooKeeperSession
+from allocator.node.session_record import SessionRecorder
+from allocator.node.signals import Signals
+from allocator.node.watermark import WatermarkKeeper
+from allocator.zookeeper import client as zkclient
+from allocator.zookeeper.election import (
     ElectionNodeLostError,
     Identity,
     Queue,
     ZooKeeperCallTimeoutError,
 )
-from allocator.health import NodeHealth
-from allocator.leadership import SessionGuard, Term
-from allocator.metrics import NodeMetrics
-from allocator.node.blockers import Blockers
-from allocator.node.candidacy import Candidacy, Taken
-from allocator.node.exits import EXIT_OK, EXIT_SESSION_LOST
-from allocator.node.handover import Handover
-from allocator.node.leading import Leading, TermFactory
-from allocator.node.pacing import Pacing
-from allocator.node.probe import Prober, ready
-from allocator.node.session import ZooKeeperSession
-from allocator.node.session_record import SessionRecorder
-from allocator.node.signals import Signals
-from allocator.node.watermark import WatermarkKeeper
-from allocator.pool_watch import PoolWatch
-from allocator.ports import LeaderJobsPort, NodeStore, ZooKeeperFactory
 
 log = logs.get_logger(__name__)
 

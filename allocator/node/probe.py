@@ -1,7 +1,7 @@
 """The node's look at the database and at the election, every ``leader.probe_interval_s``.
 
 Each round probes the database (reachable? does our clock agree?), reads the pool after a
-probe that answered (:mod:`allocator.pool_watch`), publishes what the node advertises in its
+probe that answered (:mod:`allocator.node.pool_watch`), publishes what the node advertises in its
 election znode when that changed, and now and then reads the whole election to report znodes
 that take no place in the queue or hold data that does not parse.
 """
@@ -14,23 +14,23 @@ from collections.abc import Callable
 
 from kazoo.exceptions import KazooException
 
-from allocator import logs
 from allocator.config import Config
-from allocator.election import Election, Identity, ZooKeeperCallTimeoutError
-from allocator.errors import AllocatorError
-from allocator.health import NodeHealth
-from allocator.leadership import SessionGuard
+from allocator.core import logs
+from allocator.core.errors import AllocatorError
+from allocator.core.health import NodeHealth
+from allocator.core.leadership import SessionGuard
 from allocator.metrics import NodeMetrics
 from allocator.node.pacing import Pacing
-from allocator.pool_watch import PoolWatch
-from allocator.ports import NodeStore
+from allocator.node.pool_watch import PoolWatch
+from allocator.node.seams import NodeStore
+from allocator.zookeeper.election import Election, Identity, ZooKeeperCallTimeoutError
 
 log = logs.get_logger(__name__)
 
 
 def ready(guard: SessionGuard, health: NodeHealth, pool_watch: PoolWatch) -> bool:
     """What ``/readyz`` answers: ZooKeeper connected, the database answered, the pool can
-    take a burst (:mod:`allocator.pool_watch`)."""
+    take a burst (:mod:`allocator.node.pool_watch`)."""
     return bool(guard.connected and health.advert().db_ok and pool_watch.pool_ready)
 
 

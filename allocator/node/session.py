@@ -6,7 +6,7 @@
   saw, and an ensemble rebuilt from nothing refuses it).
 - The kazoo listener runs on kazoo's connection thread: it only flips events and pauses
   the term (SUSPENDED withdraws the right to write at once).
-- ZooKeeper access (:mod:`allocator.zkclient`): the cluster's persistent znodes get our ACL
+- ZooKeeper access (:mod:`allocator.zookeeper.client`): the cluster's persistent znodes get our ACL
   where they carry another (an older version's open ACL); a chroot that vanished (an
   ensemble wiped) is created again from a client without it.
 """
@@ -20,17 +20,18 @@ from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 
-from allocator import logs, zkclient
 from allocator.config import Config
-from allocator.election import Election, Identity
-from allocator.errors import ZooKeeperUnavailableError
-from allocator.leadership import SessionGuard
+from allocator.core import logs
+from allocator.core.errors import ZooKeeperUnavailableError
+from allocator.core.leadership import SessionGuard
+from allocator.core.zookeeper_hosts import chroot_of
 from allocator.metrics import NodeMetrics
 from allocator.node.pacing import Pacing
+from allocator.node.seams import ZooKeeperFactory
 from allocator.node.session_record import SessionRecorder
 from allocator.node.signals import Signals
-from allocator.ports import ZooKeeperFactory
-from allocator.zookeeper_hosts import chroot_of
+from allocator.zookeeper import client as zkclient
+from allocator.zookeeper.election import Election, Identity
 
 log = logs.get_logger(__name__)
 
@@ -156,7 +157,7 @@ class ZooKeeperSession:
 
     def secure_znodes(self) -> None:
         """Our ACL on the cluster's persistent znodes that carry another one
-        (:func:`allocator.zkclient.secure`). A refusal is fatal (a ConfigError); a
+        (:func:`allocator.zookeeper.client.secure`). A refusal is fatal (a ConfigError); a
         connection problem is not: the next start looks again."""
         timeout_s = self._config.zookeeper.connect_timeout_s
         try:

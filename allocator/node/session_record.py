@@ -1,6 +1,6 @@
 """The node's session file: every new session kept, the file gone at a clean exit, and a
-dead predecessor's session reaped at start (:mod:`allocator.session_file`,
-:mod:`allocator.reaper`).
+dead predecessor's session reaped at start (:mod:`allocator.session.file`,
+:mod:`allocator.session.reaper`).
 
 Only with ``node.state_dir`` set; the folder is checked before anything else starts (a bad
 one is a configuration error, exit 78).
@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from allocator import logs, reaper, session_file
 from allocator.config import Config
+from allocator.core import logs
+from allocator.session import file as session_file
+from allocator.session import reaper
 
 log = logs.get_logger(__name__)
 

@@ -13,10 +13,11 @@ import time
 
 from kazoo.exceptions import KazooException
 
-from allocator import fence, logs
-from allocator.election import Election
-from allocator.errors import AllocatorError
+from allocator import fence
+from allocator.core import logs
+from allocator.core.errors import AllocatorError
 from allocator.node.blockers import Blockers
+from allocator.zookeeper.election import Election
 
 log = logs.get_logger(__name__)
 

@@ -58,7 +58,7 @@ block batch.
 
 from __future__ import annotations
 
-from allocator.migrate import run_sql_file
+from allocator.postgres.migrate import run_sql_file
 
 revision = "0001"
 down_revision = None

@@ -39,7 +39,7 @@ Why pruning never weakens I1 or I2
 
 from __future__ import annotations
 
-from allocator.migrate import run_sql_file
+from allocator.postgres.migrate import run_sql_file
 
 revision = "0002"
 down_revision = "0001"

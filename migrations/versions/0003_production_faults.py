@@ -43,7 +43,7 @@ old node meets "schema older than this code"-style errors and writes nothing.
 
 from __future__ import annotations
 
-from allocator.migrate import run_sql_file
+from allocator.postgres.migrate import run_sql_file
 
 revision = "0003"
 down_revision = "0002"

@@ -113,7 +113,7 @@ below the lowest unclaimed held ticket, so the 0003 requeue still finds those bl
 
 from __future__ import annotations
 
-from allocator.migrate import run_sql_file
+from allocator.postgres.migrate import run_sql_file
 
 revision = "0004"
 down_revision = "0003"

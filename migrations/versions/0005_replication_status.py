@@ -35,7 +35,7 @@ synchronous standbys; without it they read 0, which errs on the safe side (no cu
 
 from __future__ import annotations
 
-from allocator.migrate import run_sql_file
+from allocator.postgres.migrate import run_sql_file
 
 revision = "0005"
 down_revision = "0004"

@@ -35,7 +35,7 @@ restored database from consumers until the reset has run.
 
 from __future__ import annotations
 
-from allocator.migrate import run_sql_file
+from allocator.postgres.migrate import run_sql_file
 
 revision = "0006"
 down_revision = "0005"

@@ -40,7 +40,7 @@ the cluster still uses it.
 
 from __future__ import annotations
 
-from allocator.migrate import run_sql_file
+from allocator.postgres.migrate import run_sql_file
 
 revision = "0007"
 down_revision = "0006"

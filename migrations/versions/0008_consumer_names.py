@@ -15,7 +15,7 @@ Python client's ``check_consumer`` applies the same rule before any I/O.
 
 from __future__ import annotations
 
-from allocator.migrate import run_sql_file
+from allocator.postgres.migrate import run_sql_file
 
 revision = "0008"
 down_revision = "0007"

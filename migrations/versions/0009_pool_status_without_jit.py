@@ -15,7 +15,7 @@ every caller gets it, whatever the server's configuration.
 
 from __future__ import annotations
 
-from allocator.migrate import run_sql_file
+from allocator.postgres.migrate import run_sql_file
 
 revision = "0009"
 down_revision = "0008"

@@ -49,7 +49,7 @@ Rules:
 
 from __future__ import annotations
 
-from allocator.migrate import run_sql_file
+from allocator.postgres.migrate import run_sql_file
 
 revision = "0010"
 down_revision = "0009"

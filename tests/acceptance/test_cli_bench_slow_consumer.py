@@ -18,7 +18,7 @@ import pytest
 
 from allocator.local.cluster import LocalCluster
 from allocator.local.processes import is_pid_alive
-from allocator.migrate import head_revision
+from allocator.postgres.migrate import head_revision
 
 pytestmark = pytest.mark.integration
 

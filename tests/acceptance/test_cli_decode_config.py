@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator.layout import MAX_ID, Layout
+from allocator.core.layout import MAX_ID, Layout
 
 SAMPLE_ID = 1_234_567_890_123_456_789
 EX_USAGE, EX_CONFIG = 2, 78

@@ -27,8 +27,9 @@ from kazoo.client import KazooClient
 from kazoo.security import OPEN_ACL_UNSAFE
 from psycopg import sql
 
-from allocator import db, zkclient
 from allocator.fence import Token, Watermark
+from allocator.postgres import store as db
+from allocator.zookeeper import client as zkclient
 from tests.fixtures.pg import cut, layout_blocks, take_fence, url_for_user
 from tests.fixtures.zk import ZK_AUTH
 from tests.fuzz.clikit import invoke

@@ -22,8 +22,8 @@ import psycopg
 import pytest
 from kazoo.client import KazooClient
 
+from allocator.core.layout import Layout
 from allocator.fence import Token, Watermark, watermark_path
-from allocator.layout import Layout
 from allocator.local.cluster import ClusterInfo
 from tests.fixtures import pg
 from tests.fixtures.pg import LAYOUT_JSON, cut, layout_blocks, take_fence

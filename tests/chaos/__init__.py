@@ -1,6 +1,6 @@
 """Chaos tests: faults through real mechanisms, each run judged by the product's invariant
-checker (:func:`allocator.verify.check`, I1-I5 and the clock rule; the demo and the drill
-use the same one, and the same consumer recorder, :mod:`allocator.consumers`).
+checker (:func:`allocator.core.verify.check`, I1-I5 and the clock rule; the demo and the drill
+use the same one, and the same consumer recorder, :mod:`allocator.drill.consumers`).
 
 Each scenario starts an embedded cluster of its own (``harness.ChaosCluster``: up ~2.5 s,
 down ~1.5 s, included below) and ends with the checker finding nothing, except the proof

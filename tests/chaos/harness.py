@@ -10,15 +10,16 @@ Rules:
   is still alive. The folder holds an ``owner.pid``: if this session dies without its
   teardown, the next session that starts the shared test servers reaps it
   (``tests/fixtures/cluster.py``); the harness never touches a cluster it did not start.
-- Consumers are the product's recorder (:class:`allocator.consumers.Consumers`, the one the
+- Consumers are the product's recorder (:class:`allocator.drill.consumers.Consumers`, the one the
   demo and the drill use): threads in the test process that claim through the consumer URL
   (``allocator_app``, may only claim) with ``allocator.claim_blocks``, record every block
   that *returned* to them, count pool-empty answers (AL003) and other errors by kind,
   reconnect after any error and never stop on one. :func:`chaos_consumers` builds them with
   the suite's names and bounds: every loop is bounded (a claim budget and a deadline), and
   each claim is paced (a rate, not a wait for state).
-- The verdict is the product's checker (:mod:`allocator.verify`) over the evidence
-  :mod:`allocator.verify_db` reads: :meth:`ChaosCluster.check`, :meth:`ChaosCluster.assert_clean`.
+- The verdict is the product's checker (:mod:`allocator.core.verify`) over the evidence
+  :mod:`allocator.postgres.ledger` reads: :meth:`ChaosCluster.check`,
+  :meth:`ChaosCluster.assert_clean`.
 - Faults go through real mechanisms only: the cluster manager's signals, ZooKeeper and
   PostgreSQL stops, a TCP proxy (:mod:`allocator.drill.proxy`), nodes built in ``tests/``
   through the node's seams (:data:`UNSAFE_NODE_COMMAND`), libfaketime, and the session a
@@ -53,17 +54,18 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from allocator import session_file, verify_db
 from allocator.config import load_config
-from allocator.consumers import Consumers
-from allocator.db import DEFAULT_MAX_CLOCK_AHEAD_MS
-from allocator.layout import Layout
+from allocator.core.layout import Layout
+from allocator.core.verify import Claim, LedgerRow, TermRow, Violation, WriteRow, summary
+from allocator.drill.consumers import Consumers
 from allocator.local import nodes as nodes_mod
 from allocator.local.cluster import ClusterInfo, LocalCluster, NodeInfo
 from allocator.local.ports import LOOPBACK, pick_free_ports
 from allocator.local.processes import is_pid_alive, tail
-from allocator.session_file import SessionRecord
-from allocator.verify import Claim, LedgerRow, TermRow, Violation, WriteRow, summary
+from allocator.postgres import ledger as verify_db
+from allocator.postgres.store import DEFAULT_MAX_CLOCK_AHEAD_MS
+from allocator.session import file as session_file
+from allocator.session.file import SessionRecord
 from tests.fixtures.cluster import OWNER_FILE, STATE_PREFIX, cluster_pids
 
 T = TypeVar("T")

@@ -7,7 +7,7 @@ superuser, bypassing ``cut_blocks``' fence. The
 scenario is the SIGSTOP one (``test_node_faults``); this time the checker MUST report stale
 writes (I3). If it did not, its silence in every other scenario would prove nothing.
 
-The checker judges stale writes by order (:mod:`allocator.verify`): a block of the old token
+The checker judges stale writes by order (:mod:`allocator.core.verify`): a block of the old token
 after a block of the new one. So the correct successor must have written before the unfenced
 node runs on: the test drains the pool (claims nobody records, which the checker allows) so
 the successor refills, and only then lets the unfenced node resume.

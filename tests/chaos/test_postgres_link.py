@@ -35,11 +35,11 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from allocator import zkclient
+from allocator.core.verify import check
 from allocator.drill.proxy import Proxy
-from allocator.election import Contender, read_contenders
 from allocator.local.ports import LOOPBACK
-from allocator.verify import check
+from allocator.zookeeper import client as zkclient
+from allocator.zookeeper.election import Contender, read_contenders
 from tests.chaos.harness import (
     ChaosCluster,
     Consumers,

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from allocator import session_file
 from allocator.local import nodes as nodes_mod
+from allocator.session import file as session_file
 from tests.chaos.harness import ChaosCluster, chaos_consumers, http_json, log_events, wait_for
 
 pytestmark = pytest.mark.integration

@@ -15,7 +15,7 @@ ended); (2) ``allocator pool reset --after-restore --old-database-url <old>`` ag
 restored one; (3) swap it in under the cluster's database name (the old leader is fenced
 there); (4) once a leader of the new generation has cut, ``allocator pool resume``.
 
-The verdict is the product's checker (:mod:`allocator.verify`): over what consumers got from
+The verdict is the product's checker (:mod:`allocator.core.verify`): over what consumers got from
 the old database, every rule against the old database's evidence; over everything they got
 from both databases, rule I1 (no two ranges overlap; block ids are reused by the restored
 database, so they are made unique per database first).
@@ -37,11 +37,12 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from allocator import verify, verify_db
-from allocator.db import DEFAULT_MAX_CLOCK_AHEAD_MS
+from allocator.core import verify
+from allocator.core.verify import Claim, Violation
 from allocator.local import postgres
 from allocator.local.cluster import ClusterInfo
-from allocator.verify import Claim, Violation
+from allocator.postgres import ledger as verify_db
+from allocator.postgres.store import DEFAULT_MAX_CLOCK_AHEAD_MS
 from tests.chaos.harness import ChaosCluster, chaos_consumers, layout, wait_for
 from tests.chaos.test_clock_skew import LIBFAKETIME, faketime_env
 

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 
-from allocator.errors import ZooKeeperUnavailableError
+from allocator.core.errors import ZooKeeperUnavailableError
 from allocator.node import EXIT_SESSION_LOST
 from tests.chaos.harness import (
     SESSION_TIMEOUT_S,

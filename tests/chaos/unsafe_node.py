@@ -30,12 +30,12 @@ import argparse
 import threading
 from collections.abc import Callable, Sequence
 
-from allocator import logs
 from allocator.commands.run import build_node, load, serve
-from allocator.db import ClockReading, CommitCheck, CutResult, NodeDatabase
-from allocator.errors import DatabaseError, FencedError
+from allocator.core import logs
+from allocator.core.errors import DatabaseError, FencedError
+from allocator.core.leadership import Term
 from allocator.fence import Token
-from allocator.leadership import Term
+from allocator.postgres.store import ClockReading, CommitCheck, CutResult, NodeDatabase
 from jobs import refill
 from jobs.leader import LeaderJobs
 

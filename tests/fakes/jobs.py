@@ -1,4 +1,4 @@
-"""Fake leader jobs (the :class:`allocator.ports.LeaderJobsPort` port) and a fake clock.
+"""Fake leader jobs (the :class:`allocator.node.seams.LeaderJobsPort` port) and a fake clock.
 
 Rules of the fake jobs:
 
@@ -13,17 +13,17 @@ Rules of the fake jobs:
   :meth:`FakeJobs.report_fenced` and :meth:`FakeJobs.report_fatal`.
 
 :class:`FakeMonotonic` is a monotonic clock that moves only when a test advances it (for
-:class:`allocator.health.NodeHealth`).
+:class:`allocator.core.health.NodeHealth`).
 """
 
 from __future__ import annotations
 
 import threading
 
-from allocator.errors import AllocatorError, FencedError
-from allocator.health import NodeHealth
-from allocator.leadership import Term
-from allocator.ports import LeaderHooks
+from allocator.core.errors import AllocatorError, FencedError
+from allocator.core.health import NodeHealth
+from allocator.core.leadership import Term
+from allocator.node.seams import LeaderHooks
 
 
 class FakeJobs:

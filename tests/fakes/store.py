@@ -1,5 +1,5 @@
 """An in-memory database for nodes: the fence, the leader history, the recorded layout, and
-each node's view of it (the :class:`allocator.ports.NodeStore` port).
+each node's view of it (the :class:`allocator.node.seams.NodeStore` port).
 
 Rules of the fake (those of ``allocator.take_fence``, ``end_term`` and ``rebase_fence`` in
 migrations/sql/0003 that the node depends on):
@@ -29,9 +29,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Literal
 
-from allocator import db
-from allocator.db import ClockReading, FenceState, PoolStatus, Rebase, Takeover
-from allocator.errors import (
+from allocator.core.errors import (
     DatabaseBehindError,
     DatabaseUnavailableError,
     InvalidBatchError,
@@ -39,6 +37,8 @@ from allocator.errors import (
     StaleTakeoverError,
 )
 from allocator.fence import Token, Watermark, database_behind
+from allocator.postgres import store as db
+from allocator.postgres.store import ClockReading, FenceState, PoolStatus, Rebase, Takeover
 
 DEFAULT_LAYOUT = "default layout"
 NO_FENCE = Token(0, 0)

@@ -1,6 +1,6 @@
 """An in-memory ZooKeeper ensemble and a fake kazoo client with exactly the calls the node makes.
 
-The calls are those of :mod:`allocator.election` and :mod:`allocator.node`: ``start``,
+The calls are those of :mod:`allocator.zookeeper.election` and :mod:`allocator.node`: ``start``,
 ``stop``, ``close``, ``add_listener``, ``remove_listener``, ``client_id``, ``connected``, the
 ``*_async`` calls (``ensure_path``, ``create``, ``exists``, ``get_children``, ``get``, ``set``,
 ``delete``, ``sync``, ``get_acls``, ``set_acls``) and the blocking ``sync``,
@@ -697,7 +697,7 @@ class FakeKazooClient:
 
 class ClientFactory:
     """A node's ``zookeeper`` factory on one ensemble; remembers every client it built.
-    ``auth`` and ``default_acl`` as :func:`allocator.zkclient.client` gives them."""
+    ``auth`` and ``default_acl`` as :func:`allocator.zookeeper.client.client` gives them."""
 
     def __init__(
         self, ensemble: FakeEnsemble, *, auth: str = "", default_acl: list[ACL] | None = None

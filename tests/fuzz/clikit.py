@@ -5,7 +5,7 @@ in an environment without ``ALLOCATOR_*`` or libpq ``PG*`` variables, with libpq
 a closed loopback port, and the process's signal handlers restored after each run (some
 commands install their own). An answer is documented when: it exits with one of
 :data:`EXIT_CODES` (0; 1 for a declined confirmation or a plain error; click's usage error
-2; the codes of :mod:`allocator.errors`), raised nothing but ``SystemExit``, printed no
+2; the codes of :mod:`allocator.core.errors`), raised nothing but ``SystemExit``, printed no
 traceback, and a failure printed exactly one error line on stderr (``error: ...`` or click's
 ``Error: ...``, or ``Aborted!``) holding no control character, followed only by indented
 detail lines. Progress lines, notes and warnings may come before it.
@@ -20,8 +20,8 @@ from collections.abc import Iterator, Sequence
 import pytest
 from click.testing import CliRunner, Result
 
-from allocator import errors
 from allocator.cli import main
+from allocator.core import errors
 
 
 def _exit_codes() -> frozenset[int]:

@@ -7,12 +7,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from allocator import redact
+from allocator.core import redact
 
 
 @pytest.fixture(autouse=True)
 def _forget_fuzzed_secrets() -> Iterator[None]:
-    """Loading a config registers its secret values with :mod:`allocator.redact` for the
+    """Loading a config registers its secret values with :mod:`allocator.core.redact` for the
     rest of the process; fuzzed "secrets" are any text, which must not mask what later
     tests print."""
     saved = getattr(redact, "_registered", None)

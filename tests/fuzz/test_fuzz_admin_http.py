@@ -23,8 +23,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from allocator import httpd, status_page
-from allocator.admin import STATUSES
+from allocator.http import server as httpd
+from allocator.http import status_page
+from allocator.http.admin import STATUSES
 from tests.admin_server import TOKEN, Answer, Served, served
 from tests.fuzz.profiles import examples
 

@@ -35,9 +35,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kazoo.client import KazooClient
 
-from allocator import logs
 from allocator.cli import main
 from allocator.commands import run as run_cmd
+from allocator.core import logs
 from allocator.local.cluster import LocalCluster
 from tests.fuzz.clikit import check_answer, clean_environment, invoke
 from tests.fuzz.profiles import examples

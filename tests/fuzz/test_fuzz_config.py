@@ -2,8 +2,8 @@
 ``--set`` pairs and typed overrides (issue 10, must-show 8).
 
 Every outcome is a valid :class:`~allocator.config.Config` or the project's own error:
-:class:`~allocator.errors.ConfigError` (exit 78; :class:`InvalidConfigError` lists one line
-per problem) or, for a malformed ``--set`` pair, :class:`~allocator.errors.UsageError`
+:class:`~allocator.core.errors.ConfigError` (exit 78; :class:`InvalidConfigError` lists one line
+per problem) or, for a malformed ``--set`` pair, :class:`~allocator.core.errors.UsageError`
 (exit 2). Never another exception, never a message of several lines, never a secret echoed.
 A valid configuration only holds values the node can use: finite durations a timer or a
 ``timedelta`` accepts, and PostgreSQL settings that fit the server's ``integer``.
@@ -30,7 +30,7 @@ from pydantic import SecretStr
 
 from allocator import config as config_mod
 from allocator.config import KEYS, SECTIONS, Config, env_name, load_config, load_from_options
-from allocator.errors import ConfigError, InvalidConfigError, UsageError
+from allocator.core.errors import ConfigError, InvalidConfigError, UsageError
 from tests.fuzz.profiles import examples
 
 NOW_MS = 1_800_000_000_000  # 2027-01-15: "the epoch is not in the future" is deterministic

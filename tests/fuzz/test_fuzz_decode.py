@@ -2,7 +2,7 @@
 
 An ID is ASCII decimal digits (an optional sign, surrounding whitespace ignored) in
 ``0..2^63-1``; anything else, including what ``int()`` would accept (``'1_000'``, Arabic-Indic
-or full-width digits), is :class:`~allocator.errors.InvalidIdError`: one line, exit 2.
+or full-width digits), is :class:`~allocator.core.errors.InvalidIdError`: one line, exit 2.
 A valid ID decodes into fields that rebuild it.
 
 Inputs (``ci`` profile): ``parse_id`` 300, ``Layout.decode`` 200, ``allocator decode`` 150.
@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator.errors import InvalidIdError
-from allocator.layout import MAX_ID, Layout, parse_id
+from allocator.core.errors import InvalidIdError
+from allocator.core.layout import MAX_ID, Layout, parse_id
 from tests.fuzz.clikit import check_answer, clean_environment, invoke
 from tests.fuzz.profiles import examples
 

@@ -25,10 +25,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from allocator import status as status_mod
+from allocator import cluster_status as status_mod
 from allocator.commands import status as status_cmd
-from allocator.db import PoolStatus
-from allocator.election import Identity, read_queue
+from allocator.postgres.store import PoolStatus
+from allocator.zookeeper.election import Identity, read_queue
 from tests.fakes import FakeEnsemble
 from tests.fuzz.clikit import check_answer, clean_environment, invoke
 from tests.fuzz.profiles import examples

@@ -9,7 +9,7 @@ import psycopg
 import pytest
 from psycopg import errors as pg_errors
 
-from allocator.layout import Layout
+from allocator.core.layout import Layout
 from tests.fixtures.pg import LAYOUT_JSON, claim, cut, take_fence
 
 pytestmark = pytest.mark.integration

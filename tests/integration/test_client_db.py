@@ -31,7 +31,7 @@ from allocator.client import (
     PostgresClaimer,
     claim_once,
 )
-from allocator.errors import DatabaseError, DatabaseUnavailableError
+from allocator.core.errors import DatabaseError, DatabaseUnavailableError
 from tests.fixtures.pg import cut, take_fence, url_for_user
 
 pytestmark = pytest.mark.integration

@@ -19,16 +19,8 @@ import pytest
 from psycopg import sql as pgsql
 from pydantic import SecretStr
 
-from allocator import sql
 from allocator.config import PostgresConfig
-from allocator.db import (
-    CutResult,
-    FenceState,
-    NodeDatabase,
-    Takeover,
-    read_status,
-)
-from allocator.errors import (
+from allocator.core.errors import (
     BehindHighWaterError,
     DatabaseError,
     DatabaseUnavailableError,
@@ -38,6 +30,8 @@ from allocator.errors import (
     StaleTakeoverError,
 )
 from allocator.fence import Token
+from allocator.postgres import sql
+from allocator.postgres.store import CutResult, FenceState, NodeDatabase, Takeover, read_status
 from tests.fixtures.pg import LAYOUT_JSON, claim, url_for_user
 
 pytestmark = pytest.mark.integration
@@ -521,8 +515,8 @@ def test_a_write_whose_leadership_came_into_doubt_is_rolled_back(db_url: str) ->
     from pydantic import SecretStr
 
     from allocator.config import PostgresConfig
-    from allocator.db import NodeDatabase
-    from allocator.errors import WriteAbandonedError
+    from allocator.core.errors import WriteAbandonedError
+    from allocator.postgres.store import NodeDatabase
 
     with NodeDatabase(PostgresConfig(url=SecretStr(db_url)), node_name="doubt") as db:
         db.take_fence(Token(0, 42), "doubt", "h", 1)

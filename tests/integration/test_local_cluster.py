@@ -26,8 +26,7 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException, NoAuthError
 from kazoo.handlers.threading import KazooTimeoutError
 
-from allocator import zkclient
-from allocator.errors import (
+from allocator.core.errors import (
     LocalClusterError,
     PortInUseError,
     PrerequisiteError,
@@ -36,6 +35,7 @@ from allocator.errors import (
 from allocator.local import ports, postgres, processes, zookeeper
 from allocator.local.cluster import ClusterInfo, LocalCluster
 from allocator.local.processes import is_pid_alive
+from allocator.zookeeper import client as zkclient
 
 pytestmark = pytest.mark.integration
 

@@ -25,7 +25,7 @@ import psycopg
 import pytest
 from kazoo.client import KazooClient
 
-from allocator.errors import LocalClusterError, UsageError
+from allocator.core.errors import LocalClusterError, UsageError
 from allocator.local import nodes, processes
 from allocator.local.cluster import ClusterInfo, LocalCluster, NodeInfo
 from allocator.local.processes import is_pid_alive

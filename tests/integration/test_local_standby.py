@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from allocator.cli import main
-from allocator.errors import UsageError
+from allocator.core.errors import UsageError
 from allocator.local import postgres
 from allocator.local.cluster import ClusterInfo, LocalCluster
 from tests.fixtures.pg import cut, layout_blocks, take_fence

@@ -6,7 +6,7 @@ import psycopg
 import pytest
 from alembic import command
 
-from allocator import migrate
+from allocator.postgres import migrate
 from tests.fixtures.pg import claim, cut, take_fence
 
 pytestmark = pytest.mark.integration

@@ -20,13 +20,13 @@ import pytest
 from kazoo.client import KazooClient
 from kazoo.exceptions import NoNodeError
 
-from allocator import session_file
-from allocator.clock import wall_clock_ms
 from allocator.commands.run import build_node
 from allocator.config import load_config
-from allocator.errors import ConfigError
+from allocator.core.clock import wall_clock_ms
+from allocator.core.errors import ConfigError
 from allocator.fence import Watermark, watermark_path
 from allocator.node import EXIT_CONFIG, EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node
+from allocator.session import file as session_file
 from tests.fixtures import zk
 from tests.fixtures.nodes import DEADLINE_S, SESSION_TIMEOUT_MS, RunningNode, wait_for
 from tests.fixtures.pg import claim, take_fence

@@ -11,8 +11,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from allocator import reaper, session_file
 from allocator.node import EXIT_OK
+from allocator.session import file as session_file
+from allocator.session import reaper
 from tests.fixtures.nodes import RunningNode, wait_for
 
 

@@ -21,9 +21,9 @@ import pytest
 from alembic import command
 from psycopg import sql
 
-from allocator import migrate
-from allocator.errors import describe
+from allocator.core.errors import describe
 from allocator.local.cluster import LOGIN_ROLES
+from allocator.postgres import migrate
 from tests.fixtures.pg import LAYOUT_JSON, cut, take_fence, url_for_user
 
 pytestmark = pytest.mark.integration

@@ -1,4 +1,4 @@
-""":func:`allocator.status.gather` against real servers: the ``fence`` object, the token's
+""":func:`allocator.cluster_status.gather` against real servers: the ``fence`` object, the token's
 generation in ``leader`` and ``handovers``, contenders' adverts, and odd ZooKeeper data.
 
 The election is built by hand (ephemeral sequential znodes with a contender's data, the
@@ -13,10 +13,11 @@ import psycopg
 import pytest
 from kazoo.client import KazooClient
 
-from allocator import db, fence
+from allocator import fence
+from allocator.cluster_status import gather, gather_fence
 from allocator.config import Config, load_config
-from allocator.election import NODE_PREFIX, Identity
-from allocator.status import gather, gather_fence
+from allocator.postgres import store as db
+from allocator.zookeeper.election import NODE_PREFIX, Identity
 from tests.fixtures.pg import take_fence
 
 pytestmark = pytest.mark.integration

@@ -11,11 +11,12 @@ import pytest
 from click.testing import CliRunner
 from prometheus_client import generate_latest
 
-from allocator import cli, db
+from allocator import cli
+from allocator.cluster_status import gather
 from allocator.config import Config, load_config
 from allocator.metrics import NodeMetrics
-from allocator.pool_watch import PoolWatch
-from allocator.status import gather
+from allocator.node.pool_watch import PoolWatch
+from allocator.postgres import store as db
 
 pytestmark = pytest.mark.integration
 

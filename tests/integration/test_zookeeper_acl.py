@@ -18,11 +18,12 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import NoAuthError
 from kazoo.security import READ_ACL_UNSAFE, make_digest_acl
 
-from allocator import cli, fence, zkclient
+from allocator import cli, fence
+from allocator.cluster_status import gather
 from allocator.commands.run import build_node
 from allocator.config import Config, load_config
 from allocator.node import Node
-from allocator.status import gather
+from allocator.zookeeper import client as zkclient
 from tests.fixtures import zk
 from tests.fixtures.nodes import wait_for
 

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from allocator import httpd
-from allocator.admin import DEFAULT_MAX_THREADS, STATUSES
+from allocator.http import server as httpd
+from allocator.http.admin import DEFAULT_MAX_THREADS, STATUSES
 from tests.admin_server import ANSWER_TIMEOUT_S, TOKEN, Answer, Served, Stubs, parse, read_all
 from tests.admin_server import served as serve
 

@@ -14,7 +14,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from allocator import status_page
+from allocator.http import status_page
 from tests.admin_server import Served, served
 
 

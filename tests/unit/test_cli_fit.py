@@ -28,12 +28,14 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from allocator import cli, errors, zkclient
+from allocator import cli
+from allocator import cluster_status as status_mod
 from allocator import config as config_mod
-from allocator import status as status_mod
 from allocator.commands import options
-from allocator.election import Contender, Identity
+from allocator.core import errors
 from allocator.local.cluster import ClusterInfo, LocalCluster, PostgresInfo
+from allocator.zookeeper import client as zkclient
+from allocator.zookeeper.election import Contender, Identity
 from tests.fuzz.clikit import EXIT_CODES
 
 ROOT = Path(__file__).resolve().parents[2]

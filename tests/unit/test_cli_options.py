@@ -15,8 +15,9 @@ import click
 import pytest
 from click.testing import CliRunner, Result
 
-from allocator import cli, redact
+from allocator import cli
 from allocator.commands import options
+from allocator.core import redact
 
 PG_SECRET = "Pg-Secr3t-on-the-line"
 URL_WITH_PASSWORD = f"postgresql://operator:{PG_SECRET}@127.0.0.1:1/allocator"

@@ -29,7 +29,7 @@ from allocator.client import (
     claimers,
     merge_ranges,
 )
-from allocator.errors import AllocatorError, DatabaseError, DatabaseUnavailableError
+from allocator.core.errors import AllocatorError, DatabaseError, DatabaseUnavailableError
 
 FIRST = 1 << 22
 DEADLINE_S = 10.0

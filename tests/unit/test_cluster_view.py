@@ -1,4 +1,4 @@
-"""The cluster as one node shows it on its status page (:mod:`allocator.cluster_view`): the
+"""The cluster as one node shows it on its status page (:mod:`allocator.node.cluster_view`): the
 leader since its term began, the queue, the pool, the last handovers; a failing source keeps
 its last answer and says why; nothing is read while nobody looks."""
 
@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from allocator.cluster_view import HANDOVERS, ClusterView
-from allocator.db import PoolStatus, Term
-from allocator.election import Contender, Identity, Queue, ZooKeeperCallTimeoutError
-from allocator.errors import DatabaseUnavailableError
+from allocator.core.errors import DatabaseUnavailableError
+from allocator.node.cluster_view import HANDOVERS, ClusterView
+from allocator.postgres.store import PoolStatus, Term
+from allocator.zookeeper.election import Contender, Identity, Queue, ZooKeeperCallTimeoutError
 
 ELECTED = datetime(2026, 12, 2, 3, 0, tzinfo=UTC)
 NOW = ELECTED.timestamp() + 90.0

@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from allocator import config as config_mod
 from allocator.config import KEYS, Config, env_name, load_config, parse_set_pairs
-from allocator.errors import ConfigError, InvalidConfigError, UsageError
-from allocator.layout import DEFAULT_EPOCH_MS, Layout
+from allocator.core.errors import ConfigError, InvalidConfigError, UsageError
+from allocator.core.layout import DEFAULT_EPOCH_MS, Layout
 
 NOW_MS = 1_800_000_000_000  # 2027-01-15, so "the epoch is not in the future" is deterministic
 

@@ -1,4 +1,4 @@
-"""The consumer recorder (:mod:`allocator.consumers`) without a server: counters, bounds and
+"""The consumer recorder (:mod:`allocator.drill.consumers`) without a server: counters, bounds and
 errors by kind. Its claims against a real database are exercised by the demo, the drill and
 every chaos scenario."""
 
@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from allocator.consumers import MAX_EXAMPLES, Consumers, ConsumerStats, named
+from allocator.drill.consumers import MAX_EXAMPLES, Consumers, ConsumerStats, named
 from allocator.local.ports import LOOPBACK, pick_free_ports
 
 

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from allocator.cutter import NO_MARK, Plan, capacity_per_ms, check_block_size, plan_blocks
-from allocator.errors import (
+from allocator.core.cutter import NO_MARK, Plan, capacity_per_ms, check_block_size, plan_blocks
+from allocator.core.errors import (
     AllocatorError,
     ClockBehindError,
     InvalidIdError,
     LayoutError,
     TimeRangeExhaustedError,
 )
-from allocator.layout import MAX_ID, Layout, format_utc_ms
+from allocator.core.layout import MAX_ID, Layout, format_utc_ms
 
 NOW_MS = 1_800_000_000_000  # 2027-01-15; a fixed "now" keeps the tests independent of the clock
 DEFAULT = Layout()

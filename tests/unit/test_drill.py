@@ -1,10 +1,11 @@
 """Pure parts of the drill: percentiles, the mixed schedule, refusals, the timeline's
-figures and the verdict (the checker itself is :mod:`allocator.verify`'s, in test_verify)."""
+figures and the verdict (the checker itself is :mod:`allocator.core.verify`'s, in test_verify)."""
 
 from __future__ import annotations
 
 import pytest
 
+from allocator.core.verify import Violation
 from allocator.drill import output, schedule
 from allocator.drill.observe import PoolState
 from allocator.drill.results import RoundResult, ScenarioResult, percentile, summarize
@@ -17,7 +18,6 @@ from allocator.drill.scenarios import (
     refusal,
 )
 from allocator.drill.timeline import Sample, Timeline
-from allocator.verify import Violation
 
 
 @pytest.mark.parametrize(("p", "expected"), [(50, 10.0), (90, 18.0), (99, 20.0), (100, 20.0)])

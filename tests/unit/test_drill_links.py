@@ -22,10 +22,10 @@ from pathlib import Path
 
 import pytest
 
+from allocator.core.errors import PrerequisiteError, UsageError
 from allocator.drill import links as links_mod
 from allocator.drill import shim
 from allocator.drill.links import Links, NodeLinks
-from allocator.errors import PrerequisiteError, UsageError
 
 ZK_HOSTS = "127.0.0.1:2181,127.0.0.1:2182,127.0.0.1:2183/allocator"
 PG_URL = (

@@ -17,13 +17,7 @@ from kazoo.exceptions import ConnectionLoss, NoAuthError
 from kazoo.security import make_digest_acl
 
 from allocator import fence
-from allocator.election import (
-    Election,
-    Identity,
-    ordered,
-    read_queue,
-    sequence_of,
-)
+from allocator.zookeeper.election import Election, Identity, ordered, read_queue, sequence_of
 from tests.fakes import FakeEnsemble, FakeKazooClient
 from tests.fakes.zookeeper import FakeResult
 

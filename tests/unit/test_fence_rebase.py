@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from allocator import status
+from allocator import cluster_status as status
 from allocator.commands.fence_cmd import Plan, describe_plan, refuse_database_behind
-from allocator.errors import AllocatorError, ConfigError
+from allocator.core.errors import AllocatorError, ConfigError
 from allocator.fence import Token, Watermark
 
 EPOCH = 0x7_0000_002A

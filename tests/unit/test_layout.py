@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from allocator.errors import InvalidIdError, LayoutError, UsageError
-from allocator.layout import (
+from allocator.core.errors import InvalidIdError, LayoutError, UsageError
+from allocator.core.layout import (
     DEFAULT_EPOCH_MS,
     MAX_ID,
     DecodedId,

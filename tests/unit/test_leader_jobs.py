@@ -13,12 +13,12 @@ import time
 from typing import Any
 
 from allocator.config import load_config
-from allocator.db import ClockReading, PoolStatus
+from allocator.core.health import NodeHealth
+from allocator.core.leadership import SessionGuard, Term
 from allocator.fence import Token
-from allocator.health import NodeHealth
-from allocator.leadership import SessionGuard, Term
 from allocator.metrics import NodeMetrics
-from allocator.ports import LeaderHooks
+from allocator.node.seams import LeaderHooks
+from allocator.postgres.store import ClockReading, PoolStatus
 from jobs.leader import LeaderJobs
 
 OLD, NEW = Token(0, 10), Token(0, 20)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from kazoo.protocol.states import KazooState
 
+from allocator.core.leadership import SessionGuard, Term
 from allocator.fence import Token
-from allocator.leadership import SessionGuard, Term
 
 
 class FakeClock:

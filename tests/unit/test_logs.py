@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from allocator import logs
+from allocator.core import logs
 from allocator.fence import Token
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -29,14 +29,15 @@ import pytest
 from kazoo.exceptions import NoAuthError, NoNodeError
 from kazoo.security import make_digest_acl
 
-from allocator import fence, zkclient
+from allocator import fence
 from allocator.config import Config, load_config
-from allocator.election import Identity, ordered, sequence_of
-from allocator.errors import ConfigError, LayoutMismatchError
+from allocator.core.errors import ConfigError, LayoutMismatchError
+from allocator.core.health import NodeHealth
+from allocator.core.leadership import Term
 from allocator.fence import Token
-from allocator.health import NodeHealth
-from allocator.leadership import Term
 from allocator.node import EXIT_CONFIG, EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node, Pacing
+from allocator.zookeeper import client as zkclient
+from allocator.zookeeper.election import Identity, ordered, sequence_of
 from tests.fakes import (
     DEFAULT_LAYOUT,
     ClientFactory,

@@ -9,12 +9,11 @@ from pathlib import Path
 
 from kazoo.protocol.states import KazooState
 
-from allocator import fence, session_file, zkclient
+from allocator import fence
 from allocator.config import Config, load_config
-from allocator.election import Election, Identity
-from allocator.errors import FencedError
-from allocator.health import NodeHealth
-from allocator.leadership import SessionGuard, Term
+from allocator.core.errors import FencedError
+from allocator.core.health import NodeHealth
+from allocator.core.leadership import SessionGuard, Term
 from allocator.metrics import NodeMetrics
 from allocator.node.blockers import (
     DATABASE_UNREACHABLE,
@@ -26,13 +25,16 @@ from allocator.node.exits import EXIT_FENCED
 from allocator.node.handover import Handover
 from allocator.node.leading import Leading
 from allocator.node.pacing import Pacing
+from allocator.node.pool_watch import PoolWatch
 from allocator.node.probe import Prober
 from allocator.node.session import ZooKeeperSession
 from allocator.node.session_record import SessionRecorder
 from allocator.node.signals import Signals
 from allocator.node.term_end import RULES, TermEnd
 from allocator.node.watermark import WatermarkKeeper
-from allocator.pool_watch import PoolWatch
+from allocator.session import file as session_file
+from allocator.zookeeper import client as zkclient
+from allocator.zookeeper.election import Election, Identity
 from tests.fakes import (
     ClientFactory,
     FakeDatabase,

@@ -9,10 +9,10 @@ import pytest
 from prometheus_client import generate_latest
 
 from allocator.config import Config
-from allocator.db import PoolStatus
-from allocator.errors import DatabaseUnavailableError
+from allocator.core.errors import DatabaseUnavailableError
 from allocator.metrics import NodeMetrics
-from allocator.pool_watch import PoolWatch
+from allocator.node.pool_watch import PoolWatch
+from allocator.postgres.store import PoolStatus
 
 FLOOR = 100
 

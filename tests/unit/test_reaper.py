@@ -1,4 +1,4 @@
-"""The reaper's decision (:func:`allocator.reaper.decide`): nothing attaches to a session
+"""The reaper's decision (:func:`allocator.session.reaper.decide`): nothing attaches to a session
 before its process is proved dead on this host: by the child handle, a reboot, the state
 folder's lock its writer no longer holds, or its pid judged in the pid namespace the file
 was written in; files of others are ignored, never acted on; a paused (alive) process is
@@ -17,10 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from allocator import reaper, session_file
 from allocator.local import processes
-from allocator.reaper import Action, Self
-from allocator.session_file import SessionRecord
+from allocator.session import file as session_file
+from allocator.session import reaper
+from allocator.session.file import SessionRecord
+from allocator.session.reaper import Action, Self
 from tests.namespaces import NEW_PID_NAMESPACE, NO_PROC, OUTER_PROC, why_not
 
 ME = Self(zookeeper_hosts="127.0.0.1:2181/allocator", election_path="/election",

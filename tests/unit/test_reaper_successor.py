@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from allocator import reaper, session_file
 from allocator.local import supervisor
-from allocator.reaper import Action, Self
-from allocator.session_file import SessionRecord
+from allocator.session import file as session_file
+from allocator.session import reaper
+from allocator.session.file import SessionRecord
+from allocator.session.reaper import Action, Self
 
 ME = Self(zookeeper_hosts="127.0.0.1:1/allocator", election_path="/election",
           name="node-1", host="host-a")  # fmt: skip

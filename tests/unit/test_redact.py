@@ -11,8 +11,8 @@ import psycopg
 import pytest
 from psycopg.conninfo import conninfo_to_dict
 
-from allocator import errors, logs, redact
 from allocator.config import load_config, mask_url
+from allocator.core import errors, logs, redact
 
 SECRET = "Hunter2-secret"  # long enough to be registered, distinctive enough to grep
 

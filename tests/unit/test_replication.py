@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.db import Replication
+from allocator.postgres.store import Replication
 
 
 def replication(standbys: int, synchronous: int, commit: str = "on") -> Replication:

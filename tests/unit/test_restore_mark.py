@@ -1,10 +1,10 @@
-"""The mark a reset after a restore moves to (:mod:`allocator.restore_mark`): the floor passed
+"""The mark a reset after a restore moves to (:mod:`allocator.pool.restore_mark`): the floor passed
 to ``reset_after_restore``, the lead, and which candidate wins (no servers)."""
 
 from __future__ import annotations
 
 from allocator.fence import WATERMARK_INTERVAL_S
-from allocator.restore_mark import WATERMARK_LAG_MS, MarkPlan
+from allocator.pool.restore_mark import WATERMARK_LAG_MS, MarkPlan
 
 
 def plan(*, watermark: int | None, old: int | None, clock: int | None) -> MarkPlan:

@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from allocator import session_file
-from allocator.errors import ConfigError
-from allocator.session_file import SessionRecord
+from allocator.core.errors import ConfigError
+from allocator.session import file as session_file
+from allocator.session.file import SessionRecord
 
 RECORD = SessionRecord(
     name="node-1",

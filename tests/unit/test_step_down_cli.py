@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from allocator import status as status_mod
-from allocator.election import Contender, Identity
+from allocator import cluster_status as status_mod
+from allocator.zookeeper.election import Contender, Identity
 from tests.admin_server import TOKEN, Stubs, served
 from tests.fuzz.clikit import clean_environment, invoke
 

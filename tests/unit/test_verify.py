@@ -1,4 +1,4 @@
-"""The invariant checker (:mod:`allocator.verify`) on synthetic data: clean runs pass, each
+"""The invariant checker (:mod:`allocator.core.verify`) on synthetic data: clean runs pass, each
 kind of violation is caught.
 
 Rules: no servers. Each test starts from one clean run (two terms, blocks cut by each inside
@@ -14,8 +14,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from allocator.layout import MAX_ID, Layout
-from allocator.verify import (
+from allocator.core.layout import MAX_ID, Layout
+from allocator.core.verify import (
     MAX_PER_RULE,
     Claim,
     LedgerRow,

@@ -10,9 +10,10 @@ import pytest
 from click.testing import CliRunner, Result
 from kazoo.security import READ_ACL_UNSAFE, make_digest_acl
 
-from allocator import cli, fence, zkclient
+from allocator import cli, fence
 from allocator.config import Config, load_config
-from allocator.errors import ConfigError
+from allocator.core.errors import ConfigError
+from allocator.zookeeper import client as zkclient
 from tests.fakes import FakeEnsemble
 
 AUTH = "cluster-eu1:s3cr3t-zk-password"

@@ -19,7 +19,6 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from allocator import migrate
 from allocator.bench.claims.sql import script
 from allocator.bench.server import Server, admin, drop_database
 from allocator.bench.stock import (
@@ -30,6 +29,7 @@ from allocator.bench.stock import (
     LAYOUT_JSON,
     TAKE_FENCE,
 )
+from allocator.postgres import migrate
 
 CUT_BATCH_BLOCKS = 50_000
 TEMPLATE_DB = "bench_claims_template"

@@ -34,14 +34,14 @@ from typing import Any, Final
 
 import psycopg
 
-from allocator import db
 from allocator.bench import kit
 from allocator.bench.client import report
 from allocator.bench.client.claimer import RecordingClaimer
 from allocator.bench.client.results import LatencyResult, ThroughputResult
 from allocator.bench.client.timing import CHUNK_CALLS, no_op, time_calls, timer_overhead_ns
 from allocator.client import IdClient
-from allocator.errors import AllocatorError, DatabaseUnavailableError
+from allocator.core.errors import AllocatorError, DatabaseUnavailableError
+from allocator.postgres import store as db
 
 DEFAULT_POOL_BLOCKS = 16_384
 POOL_WAIT_S = 180.0

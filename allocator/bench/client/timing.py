@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from allocator.errors import AllocatorError
+from allocator.core.errors import AllocatorError
 
 CHUNK_CALLS = 4096
 """Calls between two clock reads in the loops (the clock is read outside the timed calls)."""

@@ -80,7 +80,6 @@ from alembic import command
 from psycopg import sql
 from sqlalchemy.exc import SQLAlchemyError
 
-from allocator import migrate
 from allocator.bench import kit
 from allocator.bench.server import BenchError, Server, drop_database, server_settings
 from allocator.bench.slow_consumer import queries, report
@@ -90,6 +89,7 @@ from allocator.bench.slow_consumer.queries import FLOOR, HIGH_WATER_PAGES, POSIT
 from allocator.bench.slow_consumer.stats import RunResult, Spans
 from allocator.bench.slow_consumer.tickers import Leader, Reader, cut_blocks
 from allocator.bench.stock import EPOCH, LAYOUT_JSON, TAKE_FENCE
+from allocator.postgres import migrate
 
 RUN_DB = "bench_slow_consumer_run"
 REQUEUE_RUNS_AFTER_ROLLBACK = 3

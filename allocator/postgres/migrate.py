@@ -21,12 +21,13 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, pool
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from allocator.errors import AllocatorError
+from allocator.core.errors import AllocatorError
 
 # The repository's migrations/ folder, installed as the package ``allocator.migrations``.
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+_PACKAGE = Path(__file__).resolve().parents[1]  # allocator/
+MIGRATIONS_DIR = _PACKAGE.parent / "migrations"
 if not MIGRATIONS_DIR.is_dir():  # a plain install: the folder lives inside the package
-    MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
+    MIGRATIONS_DIR = _PACKAGE / "migrations"
 SQL_DIR = MIGRATIONS_DIR / "sql"
 
 

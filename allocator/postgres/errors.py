@@ -1,8 +1,9 @@
-"""PostgreSQL driver errors translated into the project's own (:mod:`allocator.errors`).
+"""PostgreSQL driver errors translated into the project's own (:mod:`allocator.core.errors`).
 
 Rules:
 
-- One function, :func:`translate`, shared by the node's database layer (:mod:`allocator.db`),
+- One function, :func:`translate`, shared by the node's database layer
+  (:mod:`allocator.postgres.store`),
   the operator commands and the ID client (:mod:`allocator.client`); callers chain the
   driver's exception (``raise translate(exc, what) from exc``).
 - SQLSTATE AL100 → :class:`FencedError`, AL101 → :class:`StaleTakeoverError`, AL102 →
@@ -12,7 +13,7 @@ Rules:
   shutdowns, deadlocks and serialization failures → :class:`DatabaseUnavailableError`
   (retryable; after a write the outcome is unknown); a missing or older schema →
   :class:`DatabaseError` naming ``allocator migrate``; anything else → :class:`DatabaseError`.
-- Imports only psycopg, psycopg_pool and :mod:`allocator.errors`: the client-only install
+- Imports only psycopg, psycopg_pool and :mod:`allocator.core.errors`: the client-only install
   (``pip install allocator``, without the ``node`` extra) imports this module, so it must
   never pull in the node's dependencies (configuration, ZooKeeper, Alembic, ...).
 """
@@ -24,7 +25,7 @@ from collections.abc import Mapping
 import psycopg
 from psycopg_pool import PoolClosed
 
-from allocator.errors import (
+from allocator.core.errors import (
     AllocatorError,
     BehindHighWaterError,
     ClockAheadError,

@@ -7,7 +7,7 @@ Rules:
   ``pool.sample_interval_s``, and on every probe while the node is not ready yet (so
   ``/readyz`` turns ready within a probe interval of the pool filling). A leader's jobs hand
   it the readings they make anyway (:meth:`PoolWatch.observe`, through
-  :class:`allocator.ports.LeaderHooks`), so a leader does not read the pool once more.
+  :class:`allocator.node.seams.LeaderHooks`), so a leader does not read the pool once more.
 - Ready (``/readyz`` 200) means: connected to ZooKeeper, the last probe reached the
   database, and the pool can take a burst: it reached ``pool.min_blocks`` (the level the
   leader keeps whatever the rate, sized for a cold-start burst) and has not run empty since.
@@ -29,11 +29,12 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from allocator import logs, runway
+from allocator import runway
 from allocator.config import Config
-from allocator.db import PoolStatus
-from allocator.errors import AllocatorError
+from allocator.core import logs
+from allocator.core.errors import AllocatorError
 from allocator.metrics import NodeMetrics
+from allocator.postgres.store import PoolStatus
 
 log = logs.get_logger(__name__)
 

@@ -27,7 +27,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from allocator.errors import InvalidIdError, LayoutError
+from allocator.core.errors import InvalidIdError, LayoutError
 
 ID_BITS = 63
 """Bits an ID may use; the 64th (sign) bit is always 0."""

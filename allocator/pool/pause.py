@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from allocator import db
-from allocator.errors import AllocatorError
+from allocator.core.errors import AllocatorError
+from allocator.postgres import store as db
 
 POLL_S = 0.05
 """How often the claims in flight are listed while waiting for them."""

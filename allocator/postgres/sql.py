@@ -2,7 +2,8 @@
 
 Rules:
 
-- SQL lives here and in ``migrations/sql`` only; :mod:`allocator.db` (and whoever else talks
+- SQL lives here and in ``migrations/sql`` only; :mod:`allocator.postgres.store` (and whoever
+  else talks
   to PostgreSQL) addresses statements by these names and holds no SQL text.
 - Writes go through the schema's functions (``take_fence``, ``cut_blocks``,
   ``requeue_stranded``, ``prune_claimed``, ``end_term``, ``record_pool_sample``, and the
@@ -13,7 +14,8 @@ Rules:
   role may read those three and no table; every role's rights are the table in docs/sql.md
   (migration 0007).
 - Parameters are named (``%(name)s``, psycopg style); the column names of each statement
-  match the fields of the dataclass :mod:`allocator.db` builds from it, so rows map by name.
+  match the fields of the dataclass :mod:`allocator.postgres.store` builds from it, so rows map
+  by name.
 - Every statement is a single statement: with an autocommit connection it is its own
   transaction, so a fenced write's lock, check, insert and mark advance commit together.
 """

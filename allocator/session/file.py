@@ -9,7 +9,7 @@ Rules:
   ``name``, ``host`` and ``pid`` of the node, ``zookeeper_hosts`` (with the chroot),
   ``session_id`` (hex, ``0x…``, as ``/status`` shows it), ``session_password`` (hex),
   ``written_at`` (Unix seconds), and what a reaper needs to prove the node dead
-  (:mod:`allocator.reaper`): ``election_path``, the process's ``start_time`` (clock ticks
+  (:mod:`allocator.session.reaper`): ``election_path``, the process's ``start_time`` (clock ticks
   since boot), the host's ``boot_id``, ``pid_namespace``, the pid namespace ``pid``
   belongs to (the inode of the writer's ``/proc/self/ns/pid``; null when the writer could
   not see itself in ``/proc``), and ``holds_lock``, whether the writer holds the folder's
@@ -42,13 +42,13 @@ Rules:
   one step under the lock, so a file written meanwhile by a restarted node is never the
   one removed. A file the check cannot read is kept.
 - :func:`prepare` runs once at start: it creates the folder (mode 0700, parents as
-  needed) and refuses (:class:`~allocator.errors.ConfigError`, one line) a path that is
+  needed) and refuses (:class:`~allocator.core.errors.ConfigError`, one line) a path that is
   not a folder, is owned by another user, is writable by group or others, or cannot be
   written.
 - :func:`remove` runs when the node has closed its session (every exit through the node's
   shutdown), for the file that process wrote. A process that dies without it (SIGKILL, a
   crash, a power cut) leaves the file behind, naming a session that lives until ZooKeeper
-  expires it, unless a reaper (:mod:`allocator.reaper`: the restarted node, its
+  expires it, unless a reaper (:mod:`allocator.session.reaper`: the restarted node, its
   supervisor, ``allocator reap-session``) proves the process dead and closes the session
   first.
 """
@@ -68,8 +68,8 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from allocator import files
-from allocator.errors import ConfigError
+from allocator.core import files
+from allocator.core.errors import ConfigError
 
 FILE_NAME = "session.json"
 VERSION = 2

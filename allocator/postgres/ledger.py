@@ -1,4 +1,4 @@
-"""What the invariant checker judges, read from a cluster's database (:mod:`allocator.verify`).
+"""What the invariant checker judges, read from a cluster's database (:mod:`allocator.core.verify`).
 
 Rules:
 
@@ -7,11 +7,11 @@ Rules:
   cluster and an ``allocator_operator`` login both work. Nothing is written.
 - Each read is one statement, named here, on the caller's connection (:func:`read`) or on a
   short autocommit connection of its own (:func:`read_url`); an unreachable or unreadable
-  database is a :class:`~allocator.errors.DatabaseError` naming what could not be read.
+  database is a :class:`~allocator.core.errors.DatabaseError` naming what could not be read.
 - The layout comes from the database's record (every cut is checked against it); before
   the first takeover there is none, and the caller's layout stands in.
 - Retention must not prune during a judged run, or the checker reports pruned claims as
-  lost (see :mod:`allocator.verify`).
+  lost (see :mod:`allocator.core.verify`).
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from typing import Any, Final
 
 import psycopg
 
-from allocator.errors import DatabaseError
-from allocator.layout import Layout
-from allocator.verify import Claim, LedgerRow, TermRow, Violation, WriteRow, check
+from allocator.core.errors import DatabaseError
+from allocator.core.layout import Layout
+from allocator.core.verify import Claim, LedgerRow, TermRow, Violation, WriteRow, check
 
 CONNECT_TIMEOUT_S = 5
 
@@ -116,7 +116,7 @@ def judge(
     max_clock_ahead_ms: int,
     initial_lead_ms: int = 0,
 ) -> list[Violation]:
-    """:func:`allocator.verify.check` over ``records`` and ``evidence``; ``layout`` stands in
+    """:func:`allocator.core.verify.check` over ``records`` and ``evidence``; ``layout`` stands in
     when the database has recorded none."""
     return check(
         records,

@@ -24,7 +24,7 @@ Rules (DESIGN §2 I2/I5, §5):
   than filling old milliseconds, so one call cuts only in the current millisecond.
 - Clock behind the mark's millisecond: by at most ``max_clock_behind_ms``, the plan is empty
   and says when to try again. By more, the mark lies in the future: with no
-  ``ahead_allowance_ms`` that is :class:`~allocator.errors.ClockBehindError` (the leader
+  ``ahead_allowance_ms`` that is :class:`~allocator.core.errors.ClockBehindError` (the leader
   alerts and keeps serving the pool). With one (the caller has checked its clock against the
   database's and passes the lead the database still allows, DESIGN §5/§11), the plan cuts
   *densely* straight after the mark, millisecond after millisecond, but never past
@@ -32,10 +32,10 @@ Rules (DESIGN §2 I2/I5, §5):
   cluster, and since dense cutting spends positions, not time, real time catches up (one
   millisecond holds :func:`capacity_per_ms` blocks). This is the one case of cutting ahead
   of the clock. A clock before the layout's epoch with no mark is a
-  :class:`~allocator.errors.LayoutError`.
+  :class:`~allocator.core.errors.LayoutError`.
 - Refuses, loudly, past the layout's time range: when the clock is past
   :attr:`Layout.ends_at_ms`, or the mark has used the last millisecond up,
-  :class:`~allocator.errors.TimeRangeExhaustedError`. A plan that fills the last millisecond
+  :class:`~allocator.core.errors.TimeRangeExhaustedError`. A plan that fills the last millisecond
   still returns its blocks; the next call raises.
 
 Throughput ceiling: one millisecond holds ``2^(lane_bits + sequence_bits)`` IDs of one
@@ -49,13 +49,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from allocator.errors import (
+from allocator.core.errors import (
     ClockBehindError,
     InvalidIdError,
     LayoutError,
     TimeRangeExhaustedError,
 )
-from allocator.layout import MAX_ID, Layout, format_utc_ms
+from allocator.core.layout import MAX_ID, Layout, format_utc_ms
 
 NO_MARK = -1
 """``mark_id`` of a cluster that has never cut a block."""

@@ -14,7 +14,8 @@ Rules:
   below what the database holds. Any other order reports a leader elected, or cutting,
   between the reads as a fence *ahead of ZooKeeper* or a database *behind* it.
 - Nothing ZooKeeper holds crashes the report: the queue is ordered by znode name and stat
-  alone (:func:`allocator.election.read_queue`); contender data we cannot read shows as "?"
+  alone (:func:`allocator.zookeeper.election.read_queue`); contender data we cannot read shows
+  as "?"
   with its ``problem`` (:meth:`Identity.parse`), children that take no place in the queue
   are listed as ignored, a generation znode that holds no number is a ``problem``
   with ``zookeeper_generation`` and ``ahead_of_zookeeper`` null (unknown), and a missing
@@ -57,12 +58,20 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
 from psycopg.rows import class_row
 
-from allocator import db, fence, sql, zkclient
+from allocator import fence
 from allocator.config import Config
-from allocator.db import PoolStatus, Term, read_status
-from allocator.election import Contender, Ignored, Queue, read_queue
-from allocator.errors import AllocatorError, ConfigError, DatabaseError, ZooKeeperUnavailableError
-from allocator.zookeeper_hosts import chroot_of
+from allocator.core.errors import (
+    AllocatorError,
+    ConfigError,
+    DatabaseError,
+    ZooKeeperUnavailableError,
+)
+from allocator.core.zookeeper_hosts import chroot_of
+from allocator.postgres import sql
+from allocator.postgres import store as db
+from allocator.postgres.store import PoolStatus, Term, read_status
+from allocator.zookeeper import client as zkclient
+from allocator.zookeeper.election import Contender, Ignored, Queue, read_queue
 
 KAZOO_LOG = logging.getLogger(__name__ + ".kazoo")
 """kazoo's own log for the operator's client. Its retry chatter (one WARNING per refused
@@ -211,7 +220,7 @@ def cluster_json(
     ignored: list[Ignored],
 ) -> dict[str, Any]:
     """``allocator status --json`` but the fence: leader, contenders, election, pool and
-    handovers (DESIGN §10); also each node's status page (:mod:`allocator.cluster_view`),
+    handovers (DESIGN §10); also each node's status page (:mod:`allocator.node.cluster_view`),
     where ``pool`` is null until the database has answered."""
     leader = contenders[0] if contenders else None
     epoch = leader_epoch(contenders, pool)
@@ -284,7 +293,7 @@ def cluster_json(
 
 def zookeeper_client(config: Config, *, chroot: bool = True) -> KazooClient:
     """An operator's kazoo client (not started): the config's hosts, with or without their
-    chroot, authenticated like a node (:func:`allocator.zkclient.client`)."""
+    chroot, authenticated like a node (:func:`allocator.zookeeper.client.client`)."""
     return zkclient.client(config, chroot=chroot, logger=KAZOO_LOG)
 
 

@@ -12,16 +12,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from allocator.db import ClockReading, FenceState, PoolStatus, Takeover
-from allocator.db import Term as TermRecord
-from allocator.errors import AllocatorError, FencedError
+from allocator.core.errors import AllocatorError, FencedError
+from allocator.core.health import NodeHealth
+from allocator.core.leadership import Term
 from allocator.fence import Token, Watermark
-from allocator.health import NodeHealth
-from allocator.leadership import Term
+from allocator.postgres.store import ClockReading, FenceState, PoolStatus, Takeover
+from allocator.postgres.store import Term as TermRecord
 
 
 class NodeStore(Protocol):
-    """The node's own use of PostgreSQL (:class:`allocator.db.NodeDatabase` is the real one)."""
+    """The node's own use of PostgreSQL (:class:`allocator.postgres.store.NodeDatabase` is the
+    real one)."""
 
     def open(self, timeout: float | None = None) -> None: ...
 

@@ -42,7 +42,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
-from allocator import logs
+from allocator.core import logs
 
 log = logs.get_logger(__name__)
 

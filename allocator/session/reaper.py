@@ -4,7 +4,7 @@ When a node process dies without closing its session (SIGKILL, an OOM kill, a cr
 session (and so its election znode) lives on until ZooKeeper expires it: nobody can lead
 until then. The process that replaces it, or its supervisor, can end that wait at once:
 attach to the session with the id and password the dead node kept in its session file
-(:mod:`allocator.session_file`) and close it, which deletes its ephemeral znodes.
+(:mod:`allocator.session.file`) and close it, which deletes its ephemeral znodes.
 
 Rules:
 
@@ -20,7 +20,7 @@ Rules:
   lock, or pid plus start time.
 - The lock: a node holds its state folder's lock (``flock`` on the folder) from its first
   write of the file until it has removed it at a clean exit (``holds_lock`` in the file,
-  :mod:`allocator.session_file`). The kernel lets go of it when the process dies, in
+  :mod:`allocator.session.file`). The kernel lets go of it when the process dies, in
   whatever pid namespace or container it ran, and never while it is paused. So a lock
   nobody holds proves the writer gone (or done with its session), and a held one proves
   it alive, where a pid cannot tell: a container restarted in a new pid namespace
@@ -80,11 +80,12 @@ from kazoo.client import KazooClient
 from kazoo.exceptions import KazooException
 from kazoo.handlers.threading import KazooTimeoutError
 
-from allocator import logs, session_file
 from allocator.config import Config
+from allocator.core import logs
+from allocator.core.zookeeper_hosts import servers_of
 from allocator.local.processes import start_time
-from allocator.session_file import SessionRecord
-from allocator.zookeeper_hosts import servers_of
+from allocator.session import file as session_file
+from allocator.session.file import SessionRecord
 
 log = logs.get_logger(__name__)
 
@@ -192,7 +193,7 @@ def decide(
     """What to do with ``record`` (pure but for ``started``); see the module rules.
 
     ``pid_namespace_now``: :func:`pid_namespace` of the caller (None: it cannot see
-    itself). ``lock_held``: :func:`allocator.session_file.lock_held` of the state folder
+    itself). ``lock_held``: :func:`allocator.session.file.lock_held` of the state folder
     (None: not known). ``started``: :func:`start_time_of`, None for a pid that is gone,
     OSError when it cannot say."""
     if record is None:

@@ -15,7 +15,7 @@ Rules:
   an embedding application's handlers and the records of kazoo, APScheduler and psycopg
   share one stream). Its message is the event in logfmt (``event=<name> key=value ...``,
   a value with a space, ``=`` or ``"`` in double quotes); its fields ride on the record
-  (:data:`FIELDS_ATTR`). Field values are redacted (:func:`allocator.redact.redact`) when
+  (:data:`FIELDS_ATTR`). Field values are redacted (:func:`allocator.core.redact.redact`) when
   the event is made, so the message and the fields never hold a secret.
 - ``text`` lines: ``<local time> <LEVEL> <logger> <message>``, as a terminal wants them.
 - ``json`` lines: one JSON object per line (structlog's ``ProcessorFormatter`` and
@@ -48,7 +48,7 @@ from typing import Any, Final, TextIO
 import structlog
 from structlog.typing import EventDict, WrappedLogger
 
-from allocator import redact
+from allocator.core import redact
 
 TEXT_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s %(message)s"
 FIELDS_ATTR: Final = "event_fields"
@@ -143,7 +143,7 @@ class JsonFormatter(structlog.stdlib.ProcessorFormatter):
 
 
 class RedactingFormatter(logging.Formatter):
-    """``inner``'s line with every secret masked (:func:`allocator.redact.redact`)."""
+    """``inner``'s line with every secret masked (:func:`allocator.core.redact.redact`)."""
 
     def __init__(self, inner: logging.Formatter) -> None:
         super().__init__()

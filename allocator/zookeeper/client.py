@@ -19,7 +19,7 @@ Rules:
   (:func:`secure`): the chroot, the election path and its parents below the chroot, and the
   fence's znodes get our ACL when they carry another one. That needs ADMIN on them, which an
   open ACL grants anybody; a znode whose ACL grants our identity nothing is a
-  :class:`~allocator.errors.ConfigError` naming ``zookeeper.auth``, as is every ``NoAuth``
+  :class:`~allocator.core.errors.ConfigError` naming ``zookeeper.auth``, as is every ``NoAuth``
   answer (digest authentication itself never fails: a wrong password is only another
   identity). Ephemeral election znodes are not taken over: they go with their sessions.
 - Without ``zookeeper.auth`` a node refuses to start unless ``zookeeper.insecure`` is set
@@ -39,10 +39,11 @@ from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNo
 from kazoo.retry import KazooRetry
 from kazoo.security import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, make_digest_acl
 
-from allocator import fence, logs
+from allocator import fence
 from allocator.config import Config
-from allocator.errors import ConfigError
-from allocator.zookeeper_hosts import chroot_of, servers_of
+from allocator.core import logs
+from allocator.core.errors import ConfigError
+from allocator.core.zookeeper_hosts import chroot_of, servers_of
 
 log = logs.get_logger(__name__)
 

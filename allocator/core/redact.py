@@ -13,7 +13,7 @@ Rules:
   and any other scheme) through :func:`mask_conninfo`, every ``password=`` /
   ``sslpassword=`` pair, and every registered secret value. libpq's own error messages
   echo pieces of the connection string (``invalid percent-encoded token: "s3cr%ZZ"``), so
-  the CLI passes every error line through it and :mod:`allocator.logs` every log line.
+  the CLI passes every error line through it and :mod:`allocator.core.logs` every log line.
 - :func:`register` records secret values for :func:`redact` (the configuration registers
   ``zookeeper.auth``, ``node.admin_token`` and the passwords of ``postgres.url`` when it
   loads). A value shorter than :data:`MIN_REGISTERED_CHARS` is not registered (masking

@@ -10,7 +10,7 @@ Rules:
   first look after a pause wakes it at once (that look still gets the older view).
 - One read: the election queue from the node's own ZooKeeper session (none while it is not
   connected), then the pool and the last ``HANDOVERS`` terms from the database. The keys are
-  ``allocator status --json``'s but the fence (:func:`allocator.status.cluster_json`), plus
+  ``allocator status --json``'s but the fence (:func:`allocator.cluster_status.cluster_json`), plus
   ``observed_at`` (Unix seconds of the last complete read, null before one), ``age_s`` (its age
   when shown), ``problems`` (one line per source that failed at the last read) and ``now``
   (this node's Unix time when shown, for the page's "how long ago").
@@ -27,11 +27,11 @@ from typing import Any, Protocol
 
 from kazoo.exceptions import KazooException
 
-from allocator import logs
-from allocator.db import PoolStatus, Term
-from allocator.election import Contender, Ignored, Queue
-from allocator.errors import AllocatorError
-from allocator.status import cluster_json
+from allocator.cluster_status import cluster_json
+from allocator.core import logs
+from allocator.core.errors import AllocatorError
+from allocator.postgres.store import PoolStatus, Term
+from allocator.zookeeper.election import Contender, Ignored, Queue
 
 log = logs.get_logger(__name__)
 
@@ -44,7 +44,8 @@ STOP_TIMEOUT_S = 5.0
 
 
 class ClusterStore(Protocol):
-    """What the view reads from the database (:class:`allocator.db.NodeDatabase` has it)."""
+    """What the view reads from the database (:class:`allocator.postgres.store.NodeDatabase` has
+    it)."""
 
     def pool_status(self) -> PoolStatus: ...
 

@@ -4,14 +4,14 @@ Rules: driver and library errors are translated into these at the boundary (keep
 ``__cause__``), so callers and the CLI never see a raw psycopg/kazoo exception. Every error
 carries the process exit code the CLI uses for it; the message is one line a user can act on.
 What :func:`describe` and :func:`details` return is safe to print: a driver's message that
-echoes a connection string or a registered secret comes out masked (:mod:`allocator.redact`).
+echoes a connection string or a registered secret comes out masked (:mod:`allocator.core.redact`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from allocator import redact
+from allocator.core import redact
 
 
 class AllocatorError(Exception):

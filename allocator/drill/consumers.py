@@ -1,5 +1,5 @@
 """The consumer recorder: threads that claim blocks the way an application does, and remember
-every block that came back, for :mod:`allocator.verify` to judge (demo, drill, chaos suite).
+every block that came back, for :mod:`allocator.core.verify` to judge (demo, drill, chaos suite).
 
 Rules:
 
@@ -7,7 +7,7 @@ Rules:
   ``allocator_app``: it may only claim) calling ``allocator.claim_blocks(name, n)``, one call
   every ``pause_s``; ``names`` maps each consumer's name to its ``n``. ``options`` gives a
   consumer's connections libpq ``options`` (``-c synchronous_commit=off``, say).
-- A block is recorded (:class:`~allocator.verify.Claim`, with the wall clock of the return)
+- A block is recorded (:class:`~allocator.core.verify.Claim`, with the wall clock of the return)
   only when the call returned it: what the consumer would hand out. A call that failed after
   its commit leaves a claim in the ledger that no record shows; the checker allows that.
 - Errors never stop a consumer: "pool empty" (SQLSTATE AL003) is counted apart
@@ -32,8 +32,8 @@ from typing import Any
 import psycopg
 
 from allocator.client.base import CLAIM_BLOCKS, POOL_EMPTY_SQLSTATE
-from allocator.errors import AllocatorError
-from allocator.verify import Claim
+from allocator.core.errors import AllocatorError
+from allocator.core.verify import Claim
 
 DEFAULT_PAUSE_S = 0.02
 ERROR_PAUSE_FACTOR = 5

@@ -4,7 +4,7 @@ Rules (DESIGN §3):
 - Every contender creates one ephemeral sequential znode ``<path>/n-<uuid>-<seq>`` whose
   data is JSON (instance name, host, pid, admin address). The uuid lets a retry find a node
   whose ``create`` succeeded but whose reply was lost, so a contender never holds two. It
-  is created with the cluster's ACL (``acl``, see :mod:`allocator.zkclient`) when given.
+  is created with the cluster's ACL (``acl``, see :mod:`allocator.zookeeper.client`) when given.
 - The queue is ordered by each znode's name and stat alone, never by its data: only
   *ephemeral* children (``ephemeralOwner`` != 0) whose name is exactly
   ``n-<32 lowercase hex>-<10 digits>`` count, lowest sequence number first (the name breaks
@@ -31,7 +31,7 @@ Rules (DESIGN §3):
   node deaf to its own session timer and to SIGTERM. A call that times out raises
   :class:`ZooKeeperCallTimeoutError`; the caller treats it like a lost connection.
 - Nothing here decides what leading means or reacts to session state: that is
-  :mod:`allocator.leadership`'s job. Watch callbacks only set an Event (they run on kazoo's
+  :mod:`allocator.core.leadership`'s job. Watch callbacks only set an Event (they run on kazoo's
   shared callback thread and must not block or call ZooKeeper).
 """
 
@@ -58,8 +58,9 @@ from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
 from kazoo.security import ACL
 
-from allocator import fence, logs
-from allocator.errors import AllocatorError
+from allocator import fence
+from allocator.core import logs
+from allocator.core.errors import AllocatorError
 
 log = logs.get_logger(__name__)
 

@@ -13,11 +13,11 @@ Rules:
   answers ``202`` when the node leads and will hand over, ``409`` when it does not lead.
 - Unknown path ``404``; a known path with another method ``405`` with ``Allow``. The bounds
   and the other error answers (400, 408, 411, 413, 414, 431, 503, 505; 500 for a bug) are
-  :mod:`allocator.httpd`'s: ``node.admin_max_threads`` worker threads, a total deadline of
+  :mod:`allocator.http.server`'s: ``node.admin_max_threads`` worker threads, a total deadline of
   ``node.admin_timeout_s`` per request, bounded head and body. Every body is one line of JSON
   but ``/metrics`` (Prometheus text) and ``/`` (the read-only status page,
-  :mod:`allocator.status_page`, with its Content-Security-Policy; it reads ``/status`` and
-  ``/cluster``, the cluster as this node last read it, :mod:`allocator.cluster_view`).
+  :mod:`allocator.http.status_page`, with its Content-Security-Policy; it reads ``/status`` and
+  ``/cluster``, the cluster as this node last read it, :mod:`allocator.node.cluster_view`).
 - Handlers only read snapshots and set flags: they never block on ZooKeeper or PostgreSQL.
   Started and stopped by the node.
 """
@@ -31,8 +31,9 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from allocator import logs, status_page
-from allocator.httpd import BoundedHTTPServer, Handler
+from allocator.core import logs
+from allocator.http import status_page
+from allocator.http.server import BoundedHTTPServer, Handler
 from allocator.metrics import NodeMetrics
 
 log = logs.get_logger(__name__)

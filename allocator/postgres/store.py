@@ -2,7 +2,7 @@
 
 Rules:
 
-- SQL text comes from :mod:`allocator.sql`; this module composes none. Each operation
+- SQL text comes from :mod:`allocator.postgres.sql`; this module composes none. Each operation
   returns a small frozen dataclass (or a plain value), never a driver row.
 - No hidden I/O: :class:`NodeDatabase` only records its settings when built. :meth:`open`
   creates and fills the pool (and may be called again after :meth:`close`); the context
@@ -30,7 +30,7 @@ Rules:
   block writes and takeovers also the node's layout (checked against the recorded one) and
   ``max_clock_ahead_ms`` (the database refuses blocks past its own clock plus that, or plus
   the lead the mark already had: see migration 0003).
-- Errors are translated here (:func:`allocator.db_errors.translate`, which the ID client
+- Errors are translated here (:func:`allocator.postgres.errors.translate`, which the ID client
   shares), keeping ``__cause__``: SQLSTATE AL100 → :class:`FencedError`,
   AL101 → :class:`StaleTakeoverError`, AL102 → :class:`BehindHighWaterError`, AL103 →
   :class:`InvalidBatchError` (a bug), AL104 → :class:`LayoutMismatchError`, AL105 →
@@ -59,17 +59,18 @@ from psycopg import IsolationLevel
 from psycopg.rows import TupleRow, class_row
 from psycopg_pool import ConnectionPool
 
-from allocator import logs, sql
 from allocator.config import PostgresConfig
-from allocator.db_errors import translate as translate  # also db.translate, for callers
-from allocator.errors import (
+from allocator.core import logs
+from allocator.core.errors import (
     DatabaseBehindError,
     DatabaseError,
     InvalidBatchError,
     WriteAbandonedError,
 )
+from allocator.core.layout import Layout
 from allocator.fence import Token, Watermark, database_behind
-from allocator.layout import Layout
+from allocator.postgres import sql
+from allocator.postgres.errors import translate as translate  # also store.translate, for callers
 
 log = logs.get_logger(__name__)
 

@@ -44,7 +44,7 @@ WATERMARK_ZNODE = "db-watermark"
 """Name of the znode beside the election path holding the :class:`Watermark`."""
 WATERMARK_INTERVAL_S = 1.0
 """A leader raises the watermark at most this often (and at every term change): how far it
-may lag the cuts (a restore's reset adds it, :mod:`allocator.restore_mark`)."""
+may lag the cuts (a restore's reset adds it, :mod:`allocator.pool.restore_mark`)."""
 BIGINT_MAX = 2**63 - 1
 """The largest value of PostgreSQL's ``bigint``: the bound of every number read here."""
 _DECIMAL = re.compile(r"[0-9]+")

@@ -1,9 +1,9 @@
 """The invariant checker: DESIGN §2 (I1-I6) and §11 judged from what a run left behind.
 
 :func:`check` takes what the consumers recorded (every claim that *returned* to them, see
-:mod:`allocator.consumers`), the ``allocator.block_ledger`` and ``allocator.leader_history``
+:mod:`allocator.drill.consumers`), the ``allocator.block_ledger`` and ``allocator.leader_history``
 views, the fenced maintenance writes (``allocator.fenced_writes``) and the Snowflake layout
-(all read by :mod:`allocator.verify_db`), and returns every violation found; an empty list
+(all read by :mod:`allocator.postgres.ledger`), and returns every violation found; an empty list
 means the run was clean. It is pure (no I/O, no clock), so ``tests/unit/test_verify.py``
 proves on synthetic data that each kind of violation is caught. ``allocator drill``,
 ``allocator demo`` and the chaos suite all judge their runs with it.
@@ -64,8 +64,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from allocator.errors import InvalidIdError
-from allocator.layout import Layout
+from allocator.core.errors import InvalidIdError
+from allocator.core.layout import Layout
 
 MAX_PER_RULE = 50
 """Violations reported per rule at most: one broken rule must not drown the report."""

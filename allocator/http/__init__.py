@@ -1,0 +1,1 @@
+"""The node's admin HTTP server: bounded server, endpoints, the status page."""

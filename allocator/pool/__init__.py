@@ -1,0 +1,1 @@
+"""Operators and the pool: pausing claims, resetting it after a restore."""
