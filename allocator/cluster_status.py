@@ -35,147 +35,30 @@ Rules:
 
 from __future__ import annotations
 
-import logging
-import math
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
 from typing import Any
 
 import psycopg
-from kazoo.client import KazooClient
-from kazoo.exceptions import (
-    AuthFailedError,
-    ConnectionLoss,
-    KazooException,
-    NoAuthError,
-    NoNodeError,
-    SessionExpiredError,
-)
-from kazoo.handlers.threading import KazooTimeoutError
-from kazoo.interfaces import IAsyncResult
-from psycopg.rows import class_row
 
-from allocator import fence
 from allocator.config import Config
 from allocator.core.errors import (
-    AllocatorError,
-    ConfigError,
     DatabaseError,
-    ZooKeeperUnavailableError,
 )
+from allocator.core.records import PoolStatus, TermRecord
 from allocator.core.zookeeper_hosts import chroot_of
-from allocator.postgres import sql
-from allocator.postgres import store as db
-from allocator.postgres.store import PoolStatus, Term, read_status
-from allocator.zookeeper import client as zkclient
+from allocator.fence.report import REBASE_HISTORY_LIMIT, FenceReport, ZooKeeperFence
+from allocator.fence.znodes import read_watermark, read_zookeeper_fence
+from allocator.postgres import operator as db
+from allocator.postgres.operator import read_rebases, read_status
+from allocator.zookeeper.calls import close, start, wait, zookeeper_client, zookeeper_errors
 from allocator.zookeeper.election import Contender, Ignored, Queue, read_queue
-
-KAZOO_LOG = logging.getLogger(__name__ + ".kazoo")
-"""kazoo's own log for the operator's client. Its retry chatter (one WARNING per refused
-connection) would bury the command's one error line, which says the same; ERROR and
-above still show."""
-KAZOO_LOG.setLevel(logging.ERROR)
-
-REBASE_HISTORY_LIMIT = 5
-"""Re-bases shown by ``allocator status`` and ``allocator fence status``."""
-
-
-@dataclass(frozen=True, slots=True)
-class RebaseRecord:
-    """One row of ``allocator.fence_history``: who re-based the fence, when and why."""
-
-    rebase_id: int
-    rebased_at: datetime
-    rebased_by: str
-    old_generation: int
-    old_epoch: int
-    new_generation: int
-    reason: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rebase_id": self.rebase_id,
-            "rebased_at": self.rebased_at.isoformat(),
-            "rebased_by": self.rebased_by,
-            "old_generation": self.old_generation,
-            "old_epoch": self.old_epoch,
-            "new_generation": self.new_generation,
-            "reason": self.reason,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class ZooKeeperFence:
-    """What ZooKeeper says about the fence: the generation and the newest zxid it issued."""
-
-    generation: int | None
-    """The generation znode's number (0 when absent); None when it holds something else."""
-    newest_zxid: int
-    """The election path's pzxid after a sync (0 when the path is absent)."""
-    generation_znode: str
-    """The generation znode's full path, chroot included (for people, not for calls)."""
-    problem: str | None = None
-    watermark: fence.Watermark | None = None
-    """ZooKeeper's copy of the database's token and mark (None: absent or unreadable)."""
-    watermark_problem: str | None = None
-
-
-@dataclass(frozen=True)
-class FenceReport:
-    """The fence in the database next to what ZooKeeper can have issued."""
-
-    generation: int
-    epoch: int
-    holder: str | None
-    zookeeper: ZooKeeperFence
-    rebases: list[RebaseRecord] | None = None
-    """The latest re-bases, newest first; None when not read (or not readable by the role)."""
-    high_water_id: int = -1
-    """The database's high-water mark, read with the fence."""
-
-    @property
-    def token(self) -> fence.Token:
-        return fence.Token(self.generation, self.epoch)
-
-    @property
-    def ahead_of_zookeeper(self) -> bool | None:
-        """True: no node can take the fence until an operator re-bases it; None: unknown."""
-        zk = self.zookeeper
-        if zk.generation is None:
-            return None
-        return fence.ahead_of_zookeeper(self.token, zk.generation, zk.newest_zxid)
-
-    @property
-    def database_behind(self) -> str | None:
-        """Why the database is below ZooKeeper's watermark (restored), or None."""
-        return fence.database_behind(self.token, self.high_water_id, self.zookeeper.watermark)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "generation": self.generation,
-            "epoch": self.epoch,
-            "holder": self.holder,
-            "zookeeper_generation": self.zookeeper.generation,
-            "zookeeper_newest_zxid": self.zookeeper.newest_zxid,
-            "generation_znode": self.zookeeper.generation_znode,
-            "ahead_of_zookeeper": self.ahead_of_zookeeper,
-            "problem": self.zookeeper.problem,
-            "rebases": None if self.rebases is None else [r.to_json() for r in self.rebases],
-            "high_water_id": self.high_water_id,
-            "watermark": self.zookeeper.watermark.to_json() if self.zookeeper.watermark else None,
-            "watermark_problem": self.zookeeper.watermark_problem,
-            "database_behind_zookeeper": self.database_behind,
-        }
 
 
 @dataclass(frozen=True)
 class ClusterStatus:
     contenders: list[Contender]
     pool: PoolStatus
-    terms: list[Term]
+    terms: list[TermRecord]
     fence: FenceReport
     ignored: list[Ignored] = field(default_factory=list)
     """Children of the election path that take no place in the queue."""
@@ -216,7 +99,7 @@ def leader_epoch(contenders: list[Contender], pool: PoolStatus | None) -> int | 
 def cluster_json(
     contenders: list[Contender],
     pool: PoolStatus | None,
-    terms: list[Term],
+    terms: list[TermRecord],
     ignored: list[Ignored],
 ) -> dict[str, Any]:
     """``allocator status --json`` but the fence: leader, contenders, election, pool and
@@ -288,108 +171,6 @@ def cluster_json(
     }
 
 
-# -- ZooKeeper -------------------------------------------------------------------------------
-
-
-def zookeeper_client(config: Config, *, chroot: bool = True) -> KazooClient:
-    """An operator's kazoo client (not started): the config's hosts, with or without their
-    chroot, authenticated like a node (:func:`allocator.zookeeper.client.client`)."""
-    return zkclient.client(config, chroot=chroot, logger=KAZOO_LOG)
-
-
-def start(client: KazooClient, config: Config) -> None:
-    """Connect, or raise :class:`ZooKeeperUnavailableError`. A missing chroot is no error here
-    (the caller reports an empty election), so kazoo's warning about it is silenced."""
-    zk = config.zookeeper
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="No chroot path exists")
-        try:
-            client.start(timeout=zk.connect_timeout_s)
-        except KazooTimeoutError as exc:
-            raise ZooKeeperUnavailableError(
-                f"no ZooKeeper server answered at {zk.hosts} within {zk.connect_timeout_s:g} s"
-            ) from exc
-
-
-def close(client: KazooClient) -> None:
-    client.stop()
-    client.close()
-
-
-@contextmanager
-def zookeeper_errors(config: Config, what: str) -> Iterator[None]:
-    """Translates kazoo's errors raised while doing ``what`` into the project's."""
-    hosts = config.zookeeper.hosts
-    try:
-        yield
-    except (NoAuthError, AuthFailedError) as exc:
-        raise ConfigError(
-            f"{what}: ZooKeeper at {hosts} refused access; check zookeeper.auth"
-        ) from exc
-    except (ConnectionLoss, SessionExpiredError, KazooTimeoutError) as exc:
-        raise ZooKeeperUnavailableError(
-            f"{what}: lost the connection to ZooKeeper at {hosts}"
-        ) from exc
-    except KazooException as exc:
-        raise AllocatorError(f"{what}: ZooKeeper at {hosts} refused the request") from exc
-
-
-def wait(pending: IAsyncResult, config: Config) -> Any:
-    """A kazoo async call's result within the connect timeout (kazoo queues calls while
-    disconnected; a plain call would wait for the reconnect, however long)."""
-    return pending.get(timeout=config.zookeeper.connect_timeout_s)
-
-
-def read_zookeeper_fence(
-    client: KazooClient,
-    election_path: str,
-    config: Config,
-    *,
-    chroot: str = "",
-    watermark: tuple[fence.Watermark | None, str | None] | None = None,
-) -> ZooKeeperFence:
-    """The generation znode beside ``election_path`` and the path's pzxid, after a sync.
-
-    ``election_path`` is as ``client`` addresses it; ``chroot`` only names the znode for
-    people when ``client`` runs inside one. ``watermark``: :func:`read_watermark`'s answer
-    read before the database (module rules); read here when not given.
-    """
-    path = fence.generation_path(election_path)
-    wait(client.sync_async(election_path), config)
-    try:
-        data, _stat = wait(client.get_async(path), config)
-    except NoNodeError:
-        data = None
-    stat = wait(client.exists_async(election_path), config)
-    newest = 0 if stat is None else int(stat.pzxid)
-    try:
-        generation: int | None = fence.parse_generation(data)
-        problem = None
-    except ValueError as exc:
-        generation, problem = None, str(exc)
-    mark, mark_problem = watermark or read_watermark(client, election_path, config)
-    return ZooKeeperFence(generation, newest, chroot + path, problem, mark, mark_problem)
-
-
-def read_watermark(
-    client: KazooClient, election_path: str, config: Config
-) -> tuple[fence.Watermark | None, str | None]:
-    """The watermark beside ``election_path`` and why it does not parse: (None, None) when
-    absent, (None, problem) when it holds something else (reported, never a refusal).
-
-    It lags the database (:mod:`allocator.fence`): a verdict that compares the two must read
-    it *before* the database, or a leader cutting between the reads makes a healthy database
-    look restored."""
-    try:
-        raw, _stat = wait(client.get_async(fence.watermark_path(election_path)), config)
-    except NoNodeError:
-        return None, None
-    try:
-        return fence.Watermark.from_bytes(raw), None
-    except ValueError as exc:
-        return None, str(exc)
-
-
 def read_zookeeper(config: Config) -> tuple[Queue, ZooKeeperFence]:
     """The election queue and the fence as ZooKeeper sees it, from one session."""
     path = config.zookeeper.election_path
@@ -411,36 +192,6 @@ def read_contenders_once(config: Config) -> list[Contender]:
 
 
 # -- PostgreSQL -------------------------------------------------------------------------------
-
-
-def read_rebases(
-    url: str,
-    limit: int = REBASE_HISTORY_LIMIT,
-    *,
-    connect_timeout_s: float = db.STATUS_CONNECT_TIMEOUT_S,
-    statement_timeout_ms: int = db.STATUS_STATEMENT_TIMEOUT_MS,
-) -> list[RebaseRecord] | None:
-    """The latest ``limit`` re-bases, newest first; None when the role may not read them
-    (``fence_history`` is for the node and operator roles; a consumer still gets a status)."""
-    what = "read the fence history"
-    try:
-        with psycopg.connect(
-            url,
-            connect_timeout=max(2, math.ceil(connect_timeout_s)),
-            application_name=db.STATUS_APPLICATION_NAME,
-        ) as conn:
-            conn.read_only = True
-            with conn.transaction():
-                conn.execute(
-                    sql.SET_LOCAL_STATEMENT_TIMEOUT,
-                    {"statement_timeout": str(statement_timeout_ms)},
-                )
-                with conn.cursor(row_factory=class_row(RebaseRecord)) as cursor:
-                    return cursor.execute(sql.FENCE_HISTORY, {"limit": limit}).fetchall()
-    except psycopg.errors.InsufficientPrivilege:
-        return None
-    except psycopg.Error as exc:
-        raise db.translate(exc, what) from exc
 
 
 def read_open_pause(

@@ -18,14 +18,13 @@ from allocator.config import Config
 from allocator.core.clock import wall_clock_ms
 from allocator.core.leadership import Term
 from allocator.metrics import NodeMetrics
-from allocator.node.seams import LeaderHooks
-from allocator.postgres.store import NodeDatabase
+from allocator.node.seams import LeaderHooks, LeaderStore
 
 
 @dataclass
 class LeaderContext:
     term: Term
-    db: NodeDatabase
+    db: LeaderStore
     config: Config
     metrics: NodeMetrics
     hooks: LeaderHooks

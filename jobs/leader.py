@@ -23,8 +23,7 @@ from allocator.core import logs
 from allocator.core.clock import wall_clock_ms
 from allocator.core.leadership import Term
 from allocator.metrics import NodeMetrics
-from allocator.node.seams import LeaderHooks
-from allocator.postgres.store import NodeDatabase
+from allocator.node.seams import LeaderHooks, LeaderStore
 from jobs import refill, retention, sampling
 from jobs.context import LeaderContext
 
@@ -41,7 +40,7 @@ class LeaderJobs:
 
     def __init__(
         self,
-        db: NodeDatabase,
+        db: LeaderStore,
         config: Config,
         metrics: NodeMetrics,
         now_ms: Callable[[], int] = wall_clock_ms,

@@ -27,7 +27,8 @@ from allocator.commands.options import GROUP_CODES, OTHER, USAGE, exit_codes
 from allocator.core import errors
 from allocator.core.errors import AllocatorError, InvalidConfigError
 from allocator.core.layout import format_utc_ms
-from allocator.postgres.store import Replication, read_pool_status, read_replication
+from allocator.core.records import Replication
+from allocator.postgres.operator import read_pool_status, read_replication
 from allocator.zookeeper import client as zkclient
 
 

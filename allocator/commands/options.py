@@ -34,6 +34,7 @@ Rules:
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -284,3 +285,47 @@ def session_timeout_option(default: int | None, help: str) -> Callable[[F], F]:
         show_envvar=True,
         help=help,
     )
+
+
+def check_confirmable(yes: bool, what: str) -> None:
+    """Refuses at once when nobody could answer the question (``what``: the change)."""
+    if not yes and not sys.stdin.isatty():
+        raise UsageError(f"{what}; pass --yes to confirm (stdin is not a terminal)")
+
+
+def audited_options(record: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--reason``, ``--yes``, ``--json``, ``--database-url`` and the config options of an
+    audited operator command whose why lands in ``record``; neither ``--reason`` nor
+    ``--yes`` comes from the environment (see the module rules)."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(
+            [
+                typed_option(
+                    "--reason",
+                    required=True,
+                    help=f"Why (1..1000 characters); recorded with who and when in {record}.",
+                ),
+                typed_option(
+                    "--yes",
+                    is_flag=True,
+                    help="Confirm without a prompt (needed when stdin is not a terminal).",
+                ),
+                click.option(
+                    "--json",
+                    "as_json",
+                    is_flag=True,
+                    show_envvar=True,
+                    help="Print one JSON object.",
+                ),
+                database_url_option(
+                    help="PostgreSQL URL of a login role granted allocator_operator. "
+                    "[default: config postgres.url]"
+                ),
+                config_mod.config_options,
+            ]
+        ):
+            command = option(command)
+        return command
+
+    return decorate

@@ -26,11 +26,15 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kazoo.protocol.states import KazooState
-
 from allocator.fence import Token
 
 log = logging.getLogger(__name__)
+
+CONNECTED = "CONNECTED"
+SUSPENDED = "SUSPENDED"
+LOST = "LOST"
+"""The session states a ZooKeeper client reports (kazoo's ``KazooState`` values are these
+strings): the guard takes them without the domain importing kazoo."""
 
 
 class SessionGuard:
@@ -50,17 +54,17 @@ class SessionGuard:
         """Set on every transition, for loops that wait on the session."""
 
     # kazoo listener: must not block, must not call ZooKeeper.
-    def __call__(self, state: KazooState) -> None:
+    def __call__(self, state: str) -> None:
         with self._lock:
-            if state == KazooState.CONNECTED:
+            if state == CONNECTED:
                 self._suspended_at = None
                 if not self._lost.is_set():
                     self._connected.set()
-            elif state == KazooState.SUSPENDED:
+            elif state == SUSPENDED:
                 self._connected.clear()
                 if self._suspended_at is None:
                     self._suspended_at = self._clock()
-            elif state == KazooState.LOST:
+            elif state == LOST:
                 self._mark_lost("session expired (kazoo LOST)")
         self.changed.set()
 

@@ -45,6 +45,10 @@ WATERMARK_ZNODE = "db-watermark"
 WATERMARK_INTERVAL_S = 1.0
 """A leader raises the watermark at most this often (and at every term change): how far it
 may lag the cuts (a restore's reset adds it, :mod:`allocator.pool.restore_mark`)."""
+BLOCKED_RETRY_S = 5.0
+"""A node that cannot take the fence (the fence ahead of ZooKeeper, the database behind the
+watermark, an unreadable generation) tries again this often: an operator's repair takes
+effect within it (``allocator.node.Pacing.blocked_retry_s``)."""
 BIGINT_MAX = 2**63 - 1
 """The largest value of PostgreSQL's ``bigint``: the bound of every number read here."""
 _DECIMAL = re.compile(r"[0-9]+")

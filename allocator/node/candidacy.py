@@ -33,6 +33,7 @@ from allocator.core.errors import (
     StaleTakeoverError,
 )
 from allocator.core.health import NodeHealth
+from allocator.core.records import Takeover
 from allocator.metrics import NodeMetrics
 from allocator.node.blockers import (
     DATABASE_BEHIND,
@@ -46,7 +47,6 @@ from allocator.node.pacing import Pacing
 from allocator.node.seams import NodeStore
 from allocator.node.signals import Signals
 from allocator.node.watermark import WatermarkKeeper
-from allocator.postgres.store import Takeover
 from allocator.zookeeper.election import Election
 
 log = logs.get_logger(__name__)
@@ -147,7 +147,7 @@ class Candidacy:
         fence rebase`` rewrites it)."""
         czxid = election.token()
         try:
-            generation = election.generation()
+            generation = election.fence.generation()
         except ValueError as exc:
             self._blockers.block(GENERATION_UNREADABLE, str(exc))
             return None
@@ -157,7 +157,7 @@ class Candidacy:
         """After a stale takeover: True (and reported) if ZooKeeper is behind the fence."""
         try:
             held = self._store.fence().token
-            newest = election.newest_zxid()
+            newest = election.fence.newest_zxid()
         except (AllocatorError, KazooException) as exc:
             log.warning("fence_check_failed", name=self._name, error=str(exc))
             return False

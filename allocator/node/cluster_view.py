@@ -30,7 +30,7 @@ from kazoo.exceptions import KazooException
 from allocator.cluster_status import cluster_json
 from allocator.core import logs
 from allocator.core.errors import AllocatorError
-from allocator.postgres.store import PoolStatus, Term
+from allocator.core.records import PoolStatus, TermRecord
 from allocator.zookeeper.election import Contender, Ignored, Queue
 
 log = logs.get_logger(__name__)
@@ -49,7 +49,7 @@ class ClusterStore(Protocol):
 
     def pool_status(self) -> PoolStatus: ...
 
-    def leader_history(self, limit: int) -> list[Term]: ...
+    def leader_history(self, limit: int) -> list[TermRecord]: ...
 
 
 class ClusterView:
@@ -76,7 +76,7 @@ class ClusterView:
         self._contenders: list[Contender] = []
         self._ignored: list[Ignored] = []
         self._pool: PoolStatus | None = None
-        self._terms: list[Term] = []
+        self._terms: list[TermRecord] = []
         self._observed_at: float | None = None
         self._problems: list[str] = []
         self._looked_at: float | None = None
@@ -120,7 +120,7 @@ class ClusterView:
         except (KazooException, AllocatorError) as exc:
             problems.append(f"election: {_one_line(exc)}")
         pool: PoolStatus | None = None
-        terms: list[Term] | None = None
+        terms: list[TermRecord] | None = None
         try:
             pool = self._store.pool_status()
             terms = self._store.leader_history(HANDOVERS)

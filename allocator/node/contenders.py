@@ -5,7 +5,8 @@ from __future__ import annotations
 from kazoo.exceptions import KazooException
 
 from allocator.core import logs
-from allocator.zookeeper.election import Contender, Election, ZooKeeperCallTimeoutError
+from allocator.zookeeper.calls import ZooKeeperCallTimeoutError
+from allocator.zookeeper.election import Contender, Election
 
 log = logs.get_logger(__name__)
 

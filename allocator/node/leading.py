@@ -25,6 +25,7 @@ from allocator.core import logs
 from allocator.core.errors import AllocatorError, FencedError, LayoutMismatchError
 from allocator.core.health import NodeHealth
 from allocator.core.leadership import SessionGuard, Term
+from allocator.core.records import Takeover
 from allocator.metrics import NodeMetrics
 from allocator.node.contenders import leave
 from allocator.node.exits import EXIT_CONFIG, EXIT_FENCED
@@ -35,8 +36,8 @@ from allocator.node.seams import LeaderHooks, LeaderJobsPort, NodeStore
 from allocator.node.signals import Signals
 from allocator.node.term_end import RULES, TermEnd
 from allocator.node.watermark import WatermarkKeeper
-from allocator.postgres.store import Takeover
-from allocator.zookeeper.election import Election, ElectionNodeLostError, ZooKeeperCallTimeoutError
+from allocator.zookeeper.calls import ZooKeeperCallTimeoutError
+from allocator.zookeeper.election import Election, ElectionNodeLostError
 
 log = logs.get_logger(__name__)
 

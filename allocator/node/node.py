@@ -40,12 +40,8 @@ from allocator.node.session_record import SessionRecorder
 from allocator.node.signals import Signals
 from allocator.node.watermark import WatermarkKeeper
 from allocator.zookeeper import client as zkclient
-from allocator.zookeeper.election import (
-    ElectionNodeLostError,
-    Identity,
-    Queue,
-    ZooKeeperCallTimeoutError,
-)
+from allocator.zookeeper.calls import ZooKeeperCallTimeoutError
+from allocator.zookeeper.election import ElectionNodeLostError, Identity, Queue
 
 log = logs.get_logger(__name__)
 

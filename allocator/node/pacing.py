@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from allocator import fence
+
 
 @dataclass(frozen=True)
 class Pacing:
@@ -17,14 +19,10 @@ class Pacing:
     """A leader asks whether it should hand over (reads the contenders' adverts)."""
     stale_takeover_backoff_s: float = 2.0
     """After a takeover lost a race, or after making way: before joining again."""
-    blocked_retry_s: float = 5.0
+    blocked_retry_s: float = fence.BLOCKED_RETRY_S
     """A blocked node tries the takeover again (an operator may have repaired the cause)."""
     zookeeper_error_backoff_s: float = 1.0
     job_stop_timeout_s: float = 10.0
     """The longest a term's end waits for the leader's job in flight."""
     election_scan_s: float = 5.0
     """The whole election is read to report znodes that are ignored or do not parse."""
-
-
-BLOCKED_RETRY_S = Pacing.blocked_retry_s
-"""For operators' messages: a blocked node tries again within this."""

@@ -33,8 +33,8 @@ from allocator import runway
 from allocator.config import Config
 from allocator.core import logs
 from allocator.core.errors import AllocatorError
+from allocator.core.records import PoolStatus
 from allocator.metrics import NodeMetrics
-from allocator.postgres.store import PoolStatus
 
 log = logs.get_logger(__name__)
 

@@ -23,7 +23,8 @@ from allocator.metrics import NodeMetrics
 from allocator.node.pacing import Pacing
 from allocator.node.pool_watch import PoolWatch
 from allocator.node.seams import NodeStore
-from allocator.zookeeper.election import Election, Identity, ZooKeeperCallTimeoutError
+from allocator.zookeeper.calls import ZooKeeperCallTimeoutError
+from allocator.zookeeper.election import Election, Identity
 
 log = logs.get_logger(__name__)
 

@@ -8,16 +8,24 @@ never imports ``jobs``: the leader's jobs come in through :class:`LeaderJobsPort
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from allocator.core.errors import AllocatorError, FencedError
 from allocator.core.health import NodeHealth
 from allocator.core.leadership import Term
+from allocator.core.records import (
+    ClockReading,
+    CommitCheck,
+    CutResult,
+    FenceState,
+    PoolStatus,
+    Replication,
+    Takeover,
+    TermRecord,
+)
 from allocator.fence import Token, Watermark
-from allocator.postgres.store import ClockReading, FenceState, PoolStatus, Takeover
-from allocator.postgres.store import Term as TermRecord
 
 
 class NodeStore(Protocol):
@@ -50,6 +58,35 @@ class NodeStore(Protocol):
         ...
 
 
+class LeaderStore(Protocol):
+    """What the leader's jobs (:mod:`jobs`) call on PostgreSQL (the same store)."""
+
+    def pool_status(self) -> PoolStatus: ...
+
+    def read_clock(self, now_ms: Callable[[], float]) -> ClockReading: ...
+
+    def replication(self) -> Replication: ...
+
+    def record_pool_sample(self) -> None: ...
+
+    def requeue_stranded(self, token: Token, commit_if: CommitCheck | None = None) -> int: ...
+
+    def cut_blocks(
+        self,
+        token: Token,
+        ranges: Sequence[tuple[int, int]],
+        commit_if: CommitCheck | None = None,
+    ) -> CutResult: ...
+
+    def prune_claimed(
+        self,
+        token: Token,
+        retention_s: float,
+        limit: int,
+        commit_if: CommitCheck | None = None,
+    ) -> int: ...
+
+
 @dataclass(frozen=True)
 class LeaderHooks:
     """How the leader's jobs report back to the node."""
@@ -63,9 +100,9 @@ class LeaderHooks:
     """Given the database's high-water mark: True (reported) if it lies below ZooKeeper's
     watermark, i.e. the database went backwards; the job then writes nothing."""
     cut_recorded: Callable[[int], None] = lambda high_water_id: None
+    """The mark after a committed cut: the node raises ZooKeeper's watermark (rate-limited)."""
     pool_read: Callable[[PoolStatus], None] = lambda status: None
     """A reading of ``pool_status`` a job made: the node's pool metrics and readiness."""
-    """The mark after a committed cut: the node raises ZooKeeper's watermark (rate-limited)."""
 
 
 class LeaderJobsPort(Protocol):

@@ -37,7 +37,7 @@ class WatermarkKeeper:
         """The watermark for a takeover's comparison; one that does not parse is reported
         and ignored (it cannot make a node refuse to lead)."""
         try:
-            copy = election.watermark()
+            copy = election.fence.watermark()
         except ValueError as exc:
             log.error("watermark_unreadable", name=self._name, error=str(exc), note="ignored")
             copy = None
@@ -90,6 +90,6 @@ class WatermarkKeeper:
         """Best effort: a watermark that lags only makes the check less sensitive."""
         self._raised_at = time.monotonic()
         try:
-            self.last = election.raise_watermark(mark)
+            self.last = election.fence.raise_watermark(mark)
         except (KazooException, AllocatorError) as exc:
             log.warning("watermark_raise_failed", name=self._name, error=repr(exc))

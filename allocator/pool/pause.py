@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from allocator.core.errors import AllocatorError
-from allocator.postgres import store as db
+from allocator.postgres import operator as db
 
 POLL_S = 0.05
 """How often the claims in flight are listed while waiting for them."""

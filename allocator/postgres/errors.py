@@ -20,7 +20,8 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 
 import psycopg
 from psycopg_pool import PoolClosed
@@ -81,3 +82,12 @@ def translate(exc: psycopg.Error, what: str) -> AllocatorError:
             "(run `allocator migrate`)"
         )
     return DatabaseError(f"{what} failed")
+
+
+@contextmanager
+def translated(what: str) -> Iterator[None]:
+    """Inside: a driver error leaves as the project's own (:func:`translate`)."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise translate(exc, what) from exc

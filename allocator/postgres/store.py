@@ -39,8 +39,8 @@ Rules:
   :class:`DatabaseUnavailableError` (retryable; after a write the outcome is unknown, since
   the commit may have happened: re-read the high-water mark); anything else →
   :class:`DatabaseError`.
-- :func:`read_status` serves operator commands: any URL, one short-lived read-only
-  connection, one consistent snapshot; it needs only the operator (or node) role.
+- Operators' calls are :mod:`allocator.postgres.operator`'s; the values returned,
+  :mod:`allocator.core.records`'.
 """
 
 from __future__ import annotations
@@ -50,12 +50,10 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
 import psycopg
-from psycopg import IsolationLevel
 from psycopg.rows import TupleRow, class_row
 from psycopg_pool import ConnectionPool
 
@@ -68,172 +66,28 @@ from allocator.core.errors import (
     WriteAbandonedError,
 )
 from allocator.core.layout import Layout
-from allocator.fence import Token, Watermark, database_behind
+from allocator.core.records import (
+    ClockReading,
+    CommitCheck,
+    CutResult,
+    FenceState,
+    PoolStatus,
+    Replication,
+    Takeover,
+    TermRecord,
+)
+from allocator.fence import BIGINT_MAX, Token, Watermark, database_behind
 from allocator.postgres import sql
-from allocator.postgres.errors import translate as translate  # also store.translate, for callers
+from allocator.postgres.errors import translated
 
 log = logs.get_logger(__name__)
 
 APPLICATION_NAME_PREFIX = "allocator-node:"
-STATUS_APPLICATION_NAME = "allocator-status"
 LOCK_TIMEOUT_MS = 1000
 """Default wait of a node statement for a lock (the fence row, a block row) before failing."""
-STATUS_CONNECT_TIMEOUT_S = 5.0
-STATUS_STATEMENT_TIMEOUT_MS = 5000
-STATUS_HISTORY_LIMIT = 10
-MAX_BIGINT = (1 << 63) - 1
 DEFAULT_MAX_CLOCK_AHEAD_MS = 1000
 
 _T = TypeVar("_T")
-
-
-@dataclass(frozen=True, slots=True)
-class Takeover:
-    """What a successful ``take_fence`` found: the persisted mark and the token it replaced."""
-
-    high_water_id: int
-    """The last ID ever cut (inclusive); -1 before the first cut."""
-    previous_generation: int
-    previous_epoch: int
-
-
-@dataclass(frozen=True, slots=True)
-class CutResult:
-    """The state after a committed ``cut_blocks`` batch."""
-
-    high_water_id: int
-    """The new high-water mark: the batch's last ID."""
-    last_ticket: int
-    """The claim ticket of the batch's last block."""
-    lead_ms: int = 0
-    """How far the new mark lies ahead of the database clock (0 when not ahead)."""
-
-
-@dataclass(frozen=True, slots=True)
-class PoolStatus:
-    """One row of ``allocator.pool_status``."""
-
-    available_blocks: int
-    available_ids: int
-    claim_rate_blocks_per_s: float | None
-    """None until a pool sample at least 1 s old exists."""
-    runway_s: float | None
-    """Available blocks / claim rate; None while the rate is unknown or zero."""
-    high_water_id: int
-    cut_position: int
-    claim_position: int
-    epoch: int
-    holder: str | None
-    generation: int = 0
-    mark_ahead_ms: int | None = None
-    """The mark's millisecond minus the database clock now (> 0: the mark is in the future);
-    None before the layout is recorded."""
-    mark_lead_ms: int | None = None
-    """The mark's lead over the database clock at the cut that set it: the allowance the next
-    cut may keep (``cut_blocks``' clock rule)."""
-    claims_paused: bool = False
-    """An operator paused claims (migration 0010): ``claim_blocks`` answers AL004."""
-
-
-@dataclass(frozen=True, slots=True)
-class Term:
-    """One row of ``allocator.leader_history``: a leader's term, from takeover to its end."""
-
-    epoch: int
-    holder: str
-    host: str | None
-    pid: int | None
-    elected_at: datetime
-    ended_at: datetime | None
-    end_reason: str | None
-    generation: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class FenceState:
-    """Who holds the fence: token (0, 0) and no holder before the first takeover."""
-
-    epoch: int
-    holder: str | None
-    generation: int = 0
-    high_water_id: int = -1
-    """The last ID ever cut (read with the fence, in one statement)."""
-
-    @property
-    def token(self) -> Token:
-        return Token(self.generation, self.epoch)
-
-
-@dataclass(frozen=True, slots=True)
-class ClockReading:
-    """The database clock against the node's, from one round trip."""
-
-    offset_ms: float
-    """Database clock minus the node's clock at the middle of the round trip."""
-    uncertainty_ms: float
-    """Half the round trip: the true offset lies within ``offset_ms`` ± this."""
-    db_ms: int
-
-    def disagrees(self, bound_ms: int) -> bool:
-        """True if the clocks differ by more than ``bound_ms`` even at the best reading."""
-        return abs(self.offset_ms) - self.uncertainty_ms > bound_ms
-
-
-SYNCHRONOUS_COMMIT_LEVELS = frozenset({"on", "remote_apply"})
-"""``synchronous_commit`` values whose commit waits for a synchronous standby's flush."""
-
-
-@dataclass(frozen=True, slots=True)
-class Replication:
-    """How the database replicates, from ``allocator.replication_status()`` (migration 0005)."""
-
-    standbys: int
-    """Standbys streaming now plus physical slots nobody streams from."""
-    synchronous_standbys: int
-    """Streaming standbys a commit waits for (``sync`` or ``quorum``)."""
-    synchronous_standby_names: str
-    synchronous_commit: str
-    """This node's session setting."""
-    in_recovery: bool
-
-    @property
-    def asynchronous(self) -> bool:
-        """True if there are standbys and a commit (of this node) waits for none of them: a
-        failover to one may lose acknowledged claims and move the mark back."""
-        if self.standbys == 0:
-            return False
-        return (
-            self.synchronous_standbys == 0
-            or self.synchronous_commit not in SYNCHRONOUS_COMMIT_LEVELS
-        )
-
-    def describe(self) -> str:
-        return (
-            f"standbys={self.standbys} synchronous_standbys={self.synchronous_standbys} "
-            f"synchronous_standby_names={self.synchronous_standby_names!r} "
-            f"synchronous_commit={self.synchronous_commit}"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Reset:
-    """What ``allocator.reset_after_restore`` did."""
-
-    voided_blocks: int
-    old_high_water_id: int
-    new_high_water_id: int
-    old_generation: int
-    old_epoch: int
-    new_generation: int
-
-
-@dataclass(frozen=True, slots=True)
-class Rebase:
-    """What ``allocator.rebase_fence`` did."""
-
-    old_generation: int
-    old_epoch: int
-    new_generation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,14 +98,6 @@ class SessionSettings:
     idle_in_transaction_session_timeout: str
     lock_timeout: str
     application_name: str
-
-
-@contextmanager
-def _translated(what: str) -> Iterator[None]:
-    try:
-        yield
-    except psycopg.Error as exc:
-        raise translate(exc, what) from exc
 
 
 def _refuse_behind(row: tuple[Any, ...] | None, watermark: Watermark) -> None:
@@ -268,10 +114,6 @@ def _refuse_behind(row: tuple[Any, ...] | None, watermark: Watermark) -> None:
         )
 
 
-CommitCheck = Callable[[], bool]
-"""Asked right before COMMIT of a fenced write; False rolls the write back (leadership doubt)."""
-
-
 def _check_before_commit(what: str, commit_if: CommitCheck | None) -> None:
     if commit_if is not None and not commit_if():
         raise WriteAbandonedError(f"{what}: abandoned before commit, leadership is in doubt")
@@ -280,7 +122,7 @@ def _check_before_commit(what: str, commit_if: CommitCheck | None) -> None:
 def _check_ids(ranges: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]:
     firsts = [first for first, _ in ranges]
     lasts = [last for _, last in ranges]
-    if any(not 0 <= value <= MAX_BIGINT for value in (*firsts, *lasts)):
+    if any(not 0 <= value <= BIGINT_MAX for value in (*firsts, *lasts)):
         raise InvalidBatchError("cut blocks: every ID must be in 0..2^63-1")
     return firsts, lasts
 
@@ -347,7 +189,7 @@ class NodeDatabase:
             timeout=self._config.connect_timeout_s,
         )
         try:
-            with _translated("open the node database pool"):
+            with translated("open the node database pool"):
                 pool.open(wait=True, timeout=timeout)
         except BaseException:
             pool.close()
@@ -397,7 +239,7 @@ class NodeDatabase:
 
     @contextmanager
     def _connection(self, what: str) -> Iterator[psycopg.Connection[TupleRow]]:
-        with _translated(what):
+        with translated(what):
             pool = self._pool
             if pool is None:
                 raise DatabaseError(f"{what}: the node database is not open")
@@ -548,11 +390,11 @@ class NodeDatabase:
     def pool_status(self) -> PoolStatus:
         return self._row("read the pool status", sql.POOL_STATUS, {}, PoolStatus)
 
-    def leader_history(self, limit: int) -> list[Term]:
+    def leader_history(self, limit: int) -> list[TermRecord]:
         """The latest ``limit`` terms, newest first."""
         with (
             self._connection("read the leader history") as conn,
-            conn.cursor(row_factory=class_row(Term)) as cursor,
+            conn.cursor(row_factory=class_row(TermRecord)) as cursor,
         ):
             return cursor.execute(sql.LEADER_HISTORY, {"limit": limit}).fetchall()
 
@@ -613,247 +455,3 @@ def connection_kwargs(config: PostgresConfig) -> dict[str, Any]:
         "keepalives_count": config.keepalives_count,
         "tcp_user_timeout": config.tcp_user_timeout_ms,
     }
-
-
-def _one_row(
-    url: str, what: str, query: str, params: Mapping[str, Any], kind: type[_T], timeout_s: float
-) -> _T:
-    """One statement on a connection of its own (operator and diagnostic commands)."""
-    with _translated(what):
-        conn = psycopg.connect(
-            url,
-            autocommit=True,
-            connect_timeout=max(2, math.ceil(timeout_s)),
-            application_name=STATUS_APPLICATION_NAME,
-        )
-        with conn, conn.cursor(row_factory=class_row(kind)) as cursor:
-            row = cursor.execute(query, params).fetchone()
-    if row is None:
-        raise DatabaseError(f"{what}: the database returned no row")
-    return row
-
-
-def rebase_fence(
-    url: str, reason: str, *, connect_timeout_s: float = STATUS_CONNECT_TIMEOUT_S
-) -> Rebase:
-    """Run ``allocator.rebase_fence`` as whoever ``url`` logs in as (the operator role)."""
-    return _one_row(
-        url, "re-base the fence", sql.REBASE_FENCE, {"reason": reason}, Rebase, connect_timeout_s
-    )
-
-
-def reset_after_restore(
-    url: str,
-    reason: str,
-    min_high_water_id: int,
-    max_ahead_ms: int,
-    *,
-    connect_timeout_s: float = STATUS_CONNECT_TIMEOUT_S,
-) -> Reset:
-    """Run ``allocator.reset_after_restore`` as whoever ``url`` logs in as (operator role)."""
-    params = {
-        "reason": reason,
-        "min_high_water_id": min_high_water_id,
-        "max_ahead_ms": max_ahead_ms,
-    }
-    return _one_row(
-        url,
-        "reset the pool after a restore",
-        sql.RESET_AFTER_RESTORE,
-        params,
-        Reset,
-        connect_timeout_s,
-    )
-
-
-def read_replication(
-    url: str, *, connect_timeout_s: float = STATUS_CONNECT_TIMEOUT_S
-) -> Replication:
-    """How the database at ``url`` replicates, as whoever ``url`` logs in as (node/operator)."""
-    return _one_row(
-        url,
-        "read the replication status",
-        sql.REPLICATION_STATUS,
-        {},
-        Replication,
-        connect_timeout_s,
-    )
-
-
-def read_pool_status(
-    url: str, *, connect_timeout_s: float = STATUS_CONNECT_TIMEOUT_S
-) -> PoolStatus:
-    """``allocator.pool_status`` at ``url`` (every role may read it)."""
-    return _one_row(url, "read the pool status", sql.POOL_STATUS, {}, PoolStatus, connect_timeout_s)
-
-
-def read_status(
-    url: str,
-    *,
-    history_limit: int = STATUS_HISTORY_LIMIT,
-    connect_timeout_s: float = STATUS_CONNECT_TIMEOUT_S,
-    statement_timeout_ms: int = STATUS_STATEMENT_TIMEOUT_MS,
-) -> tuple[PoolStatus, list[Term]]:
-    """The pool status and the latest terms, for ``allocator status``, from any URL.
-
-    One plain connection, opened and closed here; both reads come from one read-only
-    REPEATABLE READ transaction, so they describe the same moment.
-    """
-    what = "read the allocator status"
-    with _translated(what):
-        conn = psycopg.connect(
-            url,
-            connect_timeout=max(2, math.ceil(connect_timeout_s)),
-            application_name=STATUS_APPLICATION_NAME,
-        )
-        with conn:
-            conn.isolation_level = IsolationLevel.REPEATABLE_READ
-            conn.read_only = True
-            with conn.transaction():
-                conn.execute(
-                    sql.SET_LOCAL_STATEMENT_TIMEOUT,
-                    {"statement_timeout": str(statement_timeout_ms)},
-                )
-                with conn.cursor(row_factory=class_row(PoolStatus)) as cursor:
-                    status = cursor.execute(sql.POOL_STATUS).fetchone()
-                with conn.cursor(row_factory=class_row(Term)) as cursor:
-                    terms = cursor.execute(sql.LEADER_HISTORY, {"limit": history_limit}).fetchall()
-    if status is None:
-        raise DatabaseError(f"{what}: the database returned no row")
-    return status, terms
-
-
-# -- pausing claims (operator role, migration 0010) ------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class Pause:
-    """What ``allocator.pause_claims`` answered: the open pause."""
-
-    pause_id: int
-    paused_at: datetime
-    paused_by: str
-    reason: str
-    already_paused: bool
-    """Claims were paused before this call (nothing changed; the pause is the earlier one)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Resume:
-    """What ``allocator.resume_claims`` answered; all None but ``was_paused`` when claims
-    were not paused."""
-
-    pause_id: int | None
-    paused_at: datetime | None
-    paused_by: str | None
-    reason: str | None
-    resumed_at: datetime | None
-    resumed_by: str | None
-    resume_reason: str | None
-    was_paused: bool
-
-
-@dataclass(frozen=True, slots=True)
-class OpenPause:
-    """The open row of ``allocator.claim_pause_history``: why claims are paused."""
-
-    pause_id: int
-    paused_at: datetime
-    paused_by: str
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class ClaimInFlight:
-    """A session whose open transaction holds a claim (``allocator.claims_in_flight()``)."""
-
-    pid: int | None
-    """None for a prepared transaction (two-phase commit): it holds the claim until
-    ``COMMIT PREPARED`` or ``ROLLBACK PREPARED``."""
-    virtualtransaction: str
-    usename: str | None
-    application_name: str | None
-    client_addr: str | None
-    state: str | None
-    xact_start: datetime | None
-    state_change: datetime | None
-
-    def describe(self) -> str:
-        since = self.xact_start.isoformat(timespec="seconds") if self.xact_start else "?"
-        return (
-            f"pid {self.pid} ({self.usename or '?'}, application "
-            f"{self.application_name or '-'!r}, {self.client_addr or 'local'}, "
-            f"{self.state or '?'}, transaction since {since})"
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class LayoutClock:
-    """The recorded layout's epoch and timestamp shift, with the database clock."""
-
-    epoch_ms: int
-    shift: int
-    db_ms: int
-
-    def id_at(self, ms: int) -> int:
-        """The last ID of millisecond ``ms`` (Unix), as ``reset_after_restore`` computes
-        its clock bound; -1 before the layout's epoch."""
-        if ms < self.epoch_ms:
-            return -1
-        return min(MAX_BIGINT, ((ms - self.epoch_ms + 1) << self.shift) - 1)
-
-
-class OperatorSession:
-    """One operator connection (autocommit: each call its own transaction), for commands
-    that make several calls, such as ``allocator pool pause`` polling the claims in flight.
-    Errors leave translated; build it with :func:`operator_session`."""
-
-    def __init__(self, conn: psycopg.Connection[TupleRow]) -> None:
-        self._conn = conn
-
-    def _fetch(self, what: str, query: str, params: Mapping[str, Any], kind: type[_T]) -> list[_T]:
-        with _translated(what), self._conn.cursor(row_factory=class_row(kind)) as cursor:
-            return cursor.execute(query, params).fetchall()
-
-    def _one(self, what: str, query: str, params: Mapping[str, Any], kind: type[_T]) -> _T:
-        rows = self._fetch(what, query, params, kind)
-        if not rows:
-            raise DatabaseError(f"{what}: the database returned no row")
-        return rows[0]
-
-    def pause_claims(self, reason: str) -> Pause:
-        return self._one("pause claims", sql.PAUSE_CLAIMS, {"reason": reason}, Pause)
-
-    def resume_claims(self, reason: str) -> Resume:
-        return self._one("resume claims", sql.RESUME_CLAIMS, {"reason": reason}, Resume)
-
-    def claims_in_flight(self) -> list[ClaimInFlight]:
-        return self._fetch("list the claims in flight", sql.CLAIMS_IN_FLIGHT, {}, ClaimInFlight)
-
-    def open_pause(self) -> OpenPause | None:
-        rows = self._fetch("read the open pause", sql.OPEN_PAUSE, {}, OpenPause)
-        return rows[0] if rows else None
-
-    def pool_status(self) -> PoolStatus:
-        return self._one("read the pool status", sql.POOL_STATUS, {}, PoolStatus)
-
-    def layout_clock(self) -> LayoutClock | None:
-        """None before the first takeover recorded a layout."""
-        rows = self._fetch("read the layout and clock", sql.LAYOUT_AND_CLOCK, {}, LayoutClock)
-        return rows[0] if rows else None
-
-
-@contextmanager
-def operator_session(
-    url: str, *, connect_timeout_s: float = STATUS_CONNECT_TIMEOUT_S
-) -> Iterator[OperatorSession]:
-    """An :class:`OperatorSession` on ``url``, closed on leaving."""
-    with _translated("connect to the database"):
-        conn = psycopg.connect(
-            url,
-            autocommit=True,
-            connect_timeout=max(2, math.ceil(connect_timeout_s)),
-            application_name=STATUS_APPLICATION_NAME,
-        )
-    with conn:
-        yield OperatorSession(conn)

@@ -83,7 +83,6 @@ from kazoo.handlers.threading import KazooTimeoutError
 from allocator.config import Config
 from allocator.core import logs
 from allocator.core.zookeeper_hosts import servers_of
-from allocator.local.processes import start_time
 from allocator.session import file as session_file
 from allocator.session.file import SessionRecord
 
@@ -141,8 +140,12 @@ def boot_id(path: Path = BOOT_ID_PATH) -> str:
 
 
 def own_start_time(pid: int) -> int | None:
-    """When process ``pid`` started (clock ticks since boot), for the session file."""
-    return start_time(pid)
+    """When process ``pid`` started (clock ticks since boot), for the session file; None
+    when ``/proc`` cannot say."""
+    try:
+        return start_time_of(pid)
+    except OSError:
+        return None
 
 
 def pid_namespace(proc: Path = PROC) -> int | None:

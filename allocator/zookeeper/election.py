@@ -48,19 +48,17 @@ from typing import Any
 
 from kazoo.client import KazooClient
 from kazoo.exceptions import (
-    BadVersionError,
     ConnectionLoss,
     NoAuthError,
-    NodeExistsError,
     NoNodeError,
 )
-from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.interfaces import IAsyncResult
 from kazoo.security import ACL
 
-from allocator import fence
 from allocator.core import logs
 from allocator.core.errors import AllocatorError
+from allocator.fence.znodes import FenceZnodes
+from allocator.zookeeper.calls import ZooKeeperCallTimeoutError, bounded
 
 log = logs.get_logger(__name__)
 
@@ -73,21 +71,10 @@ NAME_PATTERN = re.compile(
 MAX_NAME_CHARS = 64
 MAX_TEXT_CHARS = 255
 DEFAULT_CALL_TIMEOUT_S = 1.0
-WATERMARK_ATTEMPTS = 5
-
-
-class WatermarkRaceError(AllocatorError):
-    """Others kept rewriting the watermark while we tried to raise it."""
 
 
 class ElectionNodeLostError(AllocatorError):
     """Our own election znode is gone or owned by another session: we are no contender."""
-
-
-class ZooKeeperCallTimeoutError(AllocatorError):
-    """A ZooKeeper call got no answer within its bound (the connection is probably down)."""
-
-    exit_code = 75  # EX_TEMPFAIL
 
 
 @dataclass(frozen=True)
@@ -268,6 +255,8 @@ class Election:
         self._identity = identity
         self._tag = uuid.uuid4().hex
         self._znode: str | None = None
+        self.fence = FenceZnodes(client, self._path, call_timeout_s=call_timeout_s, acl=self._acl)
+        """The fence's znodes beside this election path, through the same client."""
         self.wakeups = 0
         """Times a predecessor watch woke us (herd-effect check and a metric)."""
 
@@ -381,70 +370,6 @@ class Election:
         if self._znode is not None:
             self._bounded(self._client.set_async(self._znode, identity.to_bytes()))
 
-    def generation(self) -> int:
-        """The fence generation as this session reads it (0 while the znode is absent).
-
-        Raises ``ValueError`` when the znode holds something else than a number.
-        """
-        path = fence.generation_path(self._path)
-        self._bounded(self._client.sync_async(path))
-        try:
-            data, _stat = self._bounded(self._client.get_async(path))
-        except NoNodeError:
-            return 0
-        return fence.parse_generation(data)
-
-    def watermark(self) -> fence.Watermark | None:
-        """ZooKeeper's copy of the database's token and mark (None while there is none).
-
-        Raises ``ValueError`` when the znode holds something else than a watermark.
-        """
-        path = fence.watermark_path(self._path)
-        self._bounded(self._client.sync_async(path))
-        try:
-            data, _stat = self._bounded(self._client.get_async(path))
-        except NoNodeError:
-            return None
-        return fence.Watermark.from_bytes(data)
-
-    def raise_watermark(self, mark: fence.Watermark) -> fence.Watermark:
-        """Raise the watermark to at least ``mark`` (never lower it); returns what it holds.
-
-        A read-modify-write on the znode's version: a concurrent writer (a paused ex-leader
-        resuming) makes us read again, and whoever wrote last wrote the larger of each part.
-        A watermark that does not parse is replaced.
-        """
-        path = fence.watermark_path(self._path)
-        for _ in range(WATERMARK_ATTEMPTS):
-            try:
-                data, stat = self._bounded(self._client.get_async(path))
-            except NoNodeError:
-                try:
-                    self._bounded(
-                        self._client.create_async(path, mark.to_bytes(), **self._acl_arg())
-                    )
-                    return mark
-                except NodeExistsError:
-                    continue
-            try:
-                merged = fence.Watermark.from_bytes(data).merge(mark)
-            except ValueError:
-                merged = mark
-            if merged.to_bytes() == data:
-                return merged
-            try:
-                self._bounded(self._client.set_async(path, merged.to_bytes(), version=stat.version))
-                return merged
-            except (BadVersionError, NoNodeError):
-                continue
-        raise WatermarkRaceError(f"could not raise the watermark at {path}: too many races")
-
-    def newest_zxid(self) -> int:
-        """The election path's pzxid after a sync: no child was created after it."""
-        self._bounded(self._client.sync_async(self._path))
-        stat = self._bounded(self._client.exists_async(self._path))
-        return 0 if stat is None else int(stat.pzxid)
-
     def _predecessor(self) -> str | None:
         """The nearest *ephemeral* contender before ours (module rules), or None: we lead.
         A persistent lookalike in between is skipped; one that vanished is gone."""
@@ -494,12 +419,7 @@ class Election:
 
     def _bounded(self, pending: IAsyncResult) -> Any:
         """The result of a kazoo async call, waiting at most ``call_timeout_s``."""
-        try:
-            return pending.get(timeout=self._call_timeout_s)
-        except KazooTimeoutError as exc:
-            raise ZooKeeperCallTimeoutError(
-                f"ZooKeeper did not answer within {self._call_timeout_s} s"
-            ) from exc
+        return bounded(pending, self._call_timeout_s)
 
 
 def _setter(event: threading.Event) -> Callable[[object], None]:

@@ -28,7 +28,7 @@ from kazoo.security import OPEN_ACL_UNSAFE
 from psycopg import sql
 
 from allocator.fence import Token, Watermark
-from allocator.postgres import store as db
+from allocator.postgres import operator as db
 from allocator.zookeeper import client as zkclient
 from tests.fixtures.pg import cut, layout_blocks, take_fence, url_for_user
 from tests.fixtures.zk import ZK_AUTH

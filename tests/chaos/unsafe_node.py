@@ -34,8 +34,9 @@ from allocator.commands.run import build_node, load, serve
 from allocator.core import logs
 from allocator.core.errors import DatabaseError, FencedError
 from allocator.core.leadership import Term
+from allocator.core.records import ClockReading, CommitCheck, CutResult
 from allocator.fence import Token
-from allocator.postgres.store import ClockReading, CommitCheck, CutResult, NodeDatabase
+from allocator.postgres.store import NodeDatabase
 from jobs import refill
 from jobs.leader import LeaderJobs
 

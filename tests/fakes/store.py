@@ -36,9 +36,9 @@ from allocator.core.errors import (
     LayoutMismatchError,
     StaleTakeoverError,
 )
+from allocator.core.records import ClockReading, FenceState, PoolStatus, Takeover, TermRecord
 from allocator.fence import Token, Watermark, database_behind
-from allocator.postgres import store as db
-from allocator.postgres.store import ClockReading, FenceState, PoolStatus, Rebase, Takeover
+from allocator.postgres.operator import Rebase
 
 DEFAULT_LAYOUT = "default layout"
 NO_FENCE = Token(0, 0)
@@ -54,7 +54,7 @@ class FakeDatabase:
         self._fence = FenceState(epoch=fence.epoch, holder=None, generation=fence.generation)
         self.layout = layout
         """The layout the database recorded (None until the first takeover records one)."""
-        self._terms: list[db.Term] = []
+        self._terms: list[TermRecord] = []
         self.high_water_id = -1
 
     def take_fence(
@@ -93,7 +93,7 @@ class FakeDatabase:
             now = datetime.now(UTC)
             self._end_open_terms("superseded", now)
             self._terms.append(
-                db.Term(
+                TermRecord(
                     epoch=token.epoch,
                     holder=holder,
                     host=host,
@@ -136,12 +136,12 @@ class FakeDatabase:
         with self._lock:
             return dataclasses.replace(self._fence, high_water_id=self.high_water_id)
 
-    def history(self) -> list[db.Term]:
+    def history(self) -> list[TermRecord]:
         """Every term, oldest first."""
         with self._lock:
             return list(self._terms)
 
-    def term_of(self, token: Token) -> db.Term | None:
+    def term_of(self, token: Token) -> TermRecord | None:
         with self._lock:
             return next((t for t in self._terms if (t.generation, t.epoch) == token), None)
 
@@ -212,7 +212,7 @@ class FakeStore:
         self._check_reachable("read the fence")
         return self.database.fence()
 
-    def leader_history(self, limit: int) -> list[db.Term]:
+    def leader_history(self, limit: int) -> list[TermRecord]:
         self._check_reachable("read the leader history")
         return self.database.history()[::-1][:limit]
 

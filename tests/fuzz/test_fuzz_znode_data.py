@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from allocator import cluster_status as status_mod
 from allocator.commands import status as status_cmd
-from allocator.postgres.store import PoolStatus
+from allocator.core.records import PoolStatus
 from allocator.zookeeper.election import Identity, read_queue
 from tests.fakes import FakeEnsemble
 from tests.fuzz.clikit import check_answer, clean_environment, invoke

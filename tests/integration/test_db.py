@@ -29,9 +29,11 @@ from allocator.core.errors import (
     InvalidBatchError,
     StaleTakeoverError,
 )
+from allocator.core.records import CutResult, FenceState, Takeover
 from allocator.fence import Token
 from allocator.postgres import sql
-from allocator.postgres.store import CutResult, FenceState, NodeDatabase, Takeover, read_status
+from allocator.postgres.operator import read_status
+from allocator.postgres.store import NodeDatabase
 from tests.fixtures.pg import LAYOUT_JSON, claim, url_for_user
 
 pytestmark = pytest.mark.integration

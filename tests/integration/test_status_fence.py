@@ -16,7 +16,7 @@ from kazoo.client import KazooClient
 from allocator import fence
 from allocator.cluster_status import gather, gather_fence
 from allocator.config import Config, load_config
-from allocator.postgres import store as db
+from allocator.postgres import operator as db
 from allocator.zookeeper.election import NODE_PREFIX, Identity
 from tests.fixtures.pg import take_fence
 

@@ -9,9 +9,10 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from allocator.core.errors import DatabaseUnavailableError
+from allocator.core.records import PoolStatus, TermRecord
 from allocator.node.cluster_view import HANDOVERS, ClusterView
-from allocator.postgres.store import PoolStatus, Term
-from allocator.zookeeper.election import Contender, Identity, Queue, ZooKeeperCallTimeoutError
+from allocator.zookeeper.calls import ZooKeeperCallTimeoutError
+from allocator.zookeeper.election import Contender, Identity, Queue
 
 ELECTED = datetime(2026, 12, 2, 3, 0, tzinfo=UTC)
 NOW = ELECTED.timestamp() + 90.0
@@ -25,8 +26,8 @@ def contender(name: str, sequence: int) -> Contender:
     )
 
 
-def term(holder: str, epoch: int, ended: bool) -> Term:
-    return Term(
+def term(holder: str, epoch: int, ended: bool) -> TermRecord:
+    return TermRecord(
         epoch=epoch,
         holder=holder,
         host=f"{holder}.host",
@@ -62,7 +63,7 @@ class Store:
             generation=1,
         )
 
-    def leader_history(self, limit: int) -> list[Term]:
+    def leader_history(self, limit: int) -> list[TermRecord]:
         assert limit == HANDOVERS
         return [term(self.holder, self.epoch, False), term("b", self.epoch - 1, True)]
 

@@ -176,7 +176,7 @@ def test_what_the_election_creates_carries_its_acl(
     client = started(ensemble, clients, AUTH)
     election = Election(client, "/secured/election", Identity("a", "h", 1, ""), acl=ACL)
     znode = election.join()
-    election.raise_watermark(fence.Watermark(fence.Token(0, 1), 10))
+    election.fence.raise_watermark(fence.Watermark(fence.Token(0, 1), 10))
     for path in ["/secured/election", znode, fence.watermark_path("/secured/election")]:
         acl, _stat = client.get_acls_async(path).get()
         assert acl == ACL, path

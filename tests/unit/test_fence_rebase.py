@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from allocator import cluster_status as status
-from allocator.commands.fence_cmd import Plan, describe_plan, refuse_database_behind
 from allocator.core.errors import AllocatorError, ConfigError
 from allocator.fence import Token, Watermark
+from allocator.fence.rebase import Plan, describe_plan, refuse_database_behind
+from allocator.fence.report import FenceReport, ZooKeeperFence
 
 EPOCH = 0x7_0000_002A
 MARK = 123_456
@@ -23,10 +23,10 @@ def plan(
     *,
     zk_generation: int | None = 0,
 ) -> Plan:
-    zk = status.ZooKeeperFence(
+    zk = ZooKeeperFence(
         zk_generation, 0x10, "/eu1/allocator/fence-generation", None, watermark, problem
     )
-    report = status.FenceReport(0, EPOCH, "node-1", zk, high_water_id=MARK)
+    report = FenceReport(0, EPOCH, "node-1", zk, high_water_id=MARK)
     return Plan(report, "zk1:2181", "/eu1", ELECTION_PATH, "postgresql://ops@db1/allocator")
 
 

@@ -15,10 +15,10 @@ from typing import Any
 from allocator.config import load_config
 from allocator.core.health import NodeHealth
 from allocator.core.leadership import SessionGuard, Term
+from allocator.core.records import ClockReading, PoolStatus
 from allocator.fence import Token
 from allocator.metrics import NodeMetrics
 from allocator.node.seams import LeaderHooks
-from allocator.postgres.store import ClockReading, PoolStatus
 from jobs.leader import LeaderJobs
 
 OLD, NEW = Token(0, 10), Token(0, 20)

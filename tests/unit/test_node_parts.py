@@ -132,9 +132,9 @@ def test_the_watermark_follows_cuts_once_flushed_and_never_goes_down() -> None:
     keeper.raise_to(election, fence.Watermark(token, 100))
     keeper.record_cut(500)
     keeper.catch_up(election, token)  # within the rate limit: held back
-    assert election.watermark() == fence.Watermark(token, 100)
+    assert election.fence.watermark() == fence.Watermark(token, 100)
     keeper.flush(election, token)  # a term's end writes what was held back
-    assert election.watermark() == fence.Watermark(token, 500)
+    assert election.fence.watermark() == fence.Watermark(token, 500)
     keeper.raise_to(election, fence.Watermark(token, 300))
     assert keeper.read(election) == fence.Watermark(token, 500)
 

@@ -10,9 +10,9 @@ from prometheus_client import generate_latest
 
 from allocator.config import Config
 from allocator.core.errors import DatabaseUnavailableError
+from allocator.core.records import PoolStatus
 from allocator.metrics import NodeMetrics
 from allocator.node.pool_watch import PoolWatch
-from allocator.postgres.store import PoolStatus
 
 FLOOR = 100
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from allocator.postgres.store import Replication
+from allocator.core.records import Replication
 
 
 def replication(standbys: int, synchronous: int, commit: str = "on") -> Replication:

@@ -41,7 +41,7 @@ from allocator.bench.client.results import LatencyResult, ThroughputResult
 from allocator.bench.client.timing import CHUNK_CALLS, no_op, time_calls, timer_overhead_ns
 from allocator.client import IdClient
 from allocator.core.errors import AllocatorError, DatabaseUnavailableError
-from allocator.postgres import store as db
+from allocator.postgres.errors import translate
 
 DEFAULT_POOL_BLOCKS = 16_384
 POOL_WAIT_S = 180.0
@@ -89,7 +89,7 @@ def wait_for_pool(url: str, blocks: int) -> None:
             time.sleep(POOL_POLL_S)
             continue
         except psycopg.Error as exc:
-            raise db.translate(exc, "read the pool level") from exc
+            raise translate(exc, "read the pool level") from exc
         raise AllocatorError(
             f"the pool holds {level} blocks after {POOL_WAIT_S:g} s, not {blocks}: "
             "is a leader cutting? (allocator status)"

@@ -1,0 +1,145 @@
+"""What the store answers the node: small frozen values, free of any driver.
+
+:class:`~allocator.postgres.store.NodeDatabase` builds them from rows (column names match
+the fields); the node's seams (:mod:`allocator.node.seams`), the fakes and the operators'
+reports use them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+from allocator.fence import Token
+
+CommitCheck = Callable[[], bool]
+"""Asked right before COMMIT of a fenced write; False rolls the write back (leadership doubt)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Takeover:
+    """What a successful ``take_fence`` found: the persisted mark and the token it replaced."""
+
+    high_water_id: int
+    """The last ID ever cut (inclusive); -1 before the first cut."""
+    previous_generation: int
+    previous_epoch: int
+
+
+@dataclass(frozen=True, slots=True)
+class CutResult:
+    """The state after a committed ``cut_blocks`` batch."""
+
+    high_water_id: int
+    """The new high-water mark: the batch's last ID."""
+    last_ticket: int
+    """The claim ticket of the batch's last block."""
+    lead_ms: int = 0
+    """How far the new mark lies ahead of the database clock (0 when not ahead)."""
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStatus:
+    """One row of ``allocator.pool_status``."""
+
+    available_blocks: int
+    available_ids: int
+    claim_rate_blocks_per_s: float | None
+    """None until a pool sample at least 1 s old exists."""
+    runway_s: float | None
+    """Available blocks / claim rate; None while the rate is unknown or zero."""
+    high_water_id: int
+    cut_position: int
+    claim_position: int
+    epoch: int
+    holder: str | None
+    generation: int = 0
+    mark_ahead_ms: int | None = None
+    """The mark's millisecond minus the database clock now (> 0: the mark is in the future);
+    None before the layout is recorded."""
+    mark_lead_ms: int | None = None
+    """The mark's lead over the database clock at the cut that set it: the allowance the next
+    cut may keep (``cut_blocks``' clock rule)."""
+    claims_paused: bool = False
+    """An operator paused claims (migration 0010): ``claim_blocks`` answers AL004."""
+
+
+@dataclass(frozen=True, slots=True)
+class TermRecord:
+    """One row of ``allocator.leader_history``: a leader's term, from takeover to its end."""
+
+    epoch: int
+    holder: str
+    host: str | None
+    pid: int | None
+    elected_at: datetime
+    ended_at: datetime | None
+    end_reason: str | None
+    generation: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class FenceState:
+    """Who holds the fence: token (0, 0) and no holder before the first takeover."""
+
+    epoch: int
+    holder: str | None
+    generation: int = 0
+    high_water_id: int = -1
+    """The last ID ever cut (read with the fence, in one statement)."""
+
+    @property
+    def token(self) -> Token:
+        return Token(self.generation, self.epoch)
+
+
+@dataclass(frozen=True, slots=True)
+class ClockReading:
+    """The database clock against the node's, from one round trip."""
+
+    offset_ms: float
+    """Database clock minus the node's clock at the middle of the round trip."""
+    uncertainty_ms: float
+    """Half the round trip: the true offset lies within ``offset_ms`` ± this."""
+    db_ms: int
+
+    def disagrees(self, bound_ms: int) -> bool:
+        """True if the clocks differ by more than ``bound_ms`` even at the best reading."""
+        return abs(self.offset_ms) - self.uncertainty_ms > bound_ms
+
+
+SYNCHRONOUS_COMMIT_LEVELS = frozenset({"on", "remote_apply"})
+"""``synchronous_commit`` values whose commit waits for a synchronous standby's flush."""
+
+
+@dataclass(frozen=True, slots=True)
+class Replication:
+    """How the database replicates, from ``allocator.replication_status()`` (migration 0005)."""
+
+    standbys: int
+    """Standbys streaming now plus physical slots nobody streams from."""
+    synchronous_standbys: int
+    """Streaming standbys a commit waits for (``sync`` or ``quorum``)."""
+    synchronous_standby_names: str
+    synchronous_commit: str
+    """This node's session setting."""
+    in_recovery: bool
+
+    @property
+    def asynchronous(self) -> bool:
+        """True if there are standbys and a commit (of this node) waits for none of them: a
+        failover to one may lose acknowledged claims and move the mark back."""
+        if self.standbys == 0:
+            return False
+        return (
+            self.synchronous_standbys == 0
+            or self.synchronous_commit not in SYNCHRONOUS_COMMIT_LEVELS
+        )
+
+    def describe(self) -> str:
+        return (
+            f"standbys={self.standbys} synchronous_standbys={self.synchronous_standbys} "
+            f"synchronous_standby_names={self.synchronous_standby_names!r} "
+            f"synchronous_commit={self.synchronous_commit}"
+        )
