@@ -52,9 +52,8 @@ import tomllib
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
-import click
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from pydantic import (
@@ -820,39 +819,6 @@ def parse_set_pairs(pairs: Iterable[str]) -> dict[str, str]:
             )
         overrides[key.lower()] = value
     return overrides
-
-
-_CommandT = TypeVar("_CommandT", bound=Callable[..., Any])
-
-
-def config_option(func: _CommandT) -> _CommandT:
-    """``--config PATH`` (also ``ALLOCATOR_CONFIG``) as the ``config_path`` parameter."""
-    option = click.option(
-        "--config",
-        "config_path",
-        type=click.Path(dir_okay=False, path_type=Path),
-        envvar=CONFIG_PATH_ENV,
-        show_envvar=True,
-        help="TOML config file (optional); ALLOCATOR_* variables and flags win over it.",
-    )
-    return option(func)
-
-
-def set_option(func: _CommandT) -> _CommandT:
-    """Repeatable ``--set SECTION.KEY=VALUE`` as the ``set_pairs`` parameter."""
-    option = click.option(
-        "--set",
-        "set_pairs",
-        multiple=True,
-        metavar="SECTION.KEY=VALUE",
-        help="Override one config key; wins over the file and ALLOCATOR_* variables. Repeatable.",
-    )
-    return option(func)
-
-
-def config_options(func: _CommandT) -> _CommandT:
-    """Both :func:`config_option` and :func:`set_option`."""
-    return config_option(set_option(func))
 
 
 def load_from_options(

@@ -23,7 +23,7 @@ import click
 
 from allocator import config as config_mod
 from allocator import errors, runway, zkclient
-from allocator.commands.options import GROUP_CODES, OTHER, USAGE, exit_codes
+from allocator.commands.options import GROUP_CODES, OTHER, USAGE, config_options, exit_codes
 from allocator.db import Replication, read_pool_status, read_replication
 from allocator.errors import AllocatorError, InvalidConfigError
 from allocator.layout import format_utc_ms
@@ -58,7 +58,7 @@ def config() -> None:
         OTHER,
     ),
 )
-@config_mod.config_options
+@config_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option(
     "--database",

@@ -77,7 +77,7 @@ from kazoo.security import ACL
 from allocator import config as config_mod
 from allocator import db, fence, status, zkclient
 from allocator.commands import options
-from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
+from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, config_options, exit_codes
 from allocator.config import Config
 from allocator.errors import AllocatorError, ConfigError, UsageError
 
@@ -454,7 +454,7 @@ def audited_options(record: str) -> Callable[[Callable[..., Any]], Callable[...,
                     help="PostgreSQL URL of a login role granted allocator_operator. "
                     "[default: config postgres.url]"
                 ),
-                config_mod.config_options,
+                config_options,
             ]
         ):
             command = option(command)
@@ -520,7 +520,7 @@ def rebase_command(
 @options.database_url_option(
     help="PostgreSQL URL (operator or node role). [default: config postgres.url]"
 )
-@config_mod.config_options
+@config_options
 def status_command(
     as_json: bool, database_url: str | None, config_path: Path | None, set_pairs: tuple[str, ...]
 ) -> None:

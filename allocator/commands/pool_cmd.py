@@ -59,7 +59,7 @@ from allocator.commands.fence_cmd import (
     check_confirmable,
     write_generation,
 )
-from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
+from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, config_options, exit_codes
 from allocator.commands.ranges import FiniteFloatRange
 from allocator.config import Config
 from allocator.errors import AllocatorError, DatabaseUnavailableError, UsageError
@@ -309,7 +309,7 @@ def operator_options(record: str) -> Callable[[Callable[..., Any]], Callable[...
                     help="PostgreSQL URL of a login role granted allocator_operator. "
                     "[default: config postgres.url]"
                 ),
-                config_mod.config_options,
+                config_options,
             ]
         ):
             command = option(command)

@@ -31,7 +31,7 @@ import click
 
 from allocator import config as config_mod
 from allocator import logs
-from allocator.commands.options import OTHER, USAGE, exit_codes
+from allocator.commands.options import OTHER, USAGE, config_options, exit_codes
 
 if TYPE_CHECKING:
     from allocator.config import Config
@@ -143,7 +143,7 @@ def serve(node: Node) -> None:
     "--log-format", type=click.Choice(["text", "json"]), help="Log format (node.log_format)."
 )
 @click.option("--check", is_flag=True, help="Validate and print the effective config, then exit.")
-@config_mod.config_options
+@config_options
 def run(
     name: str | None,
     admin_address: str | None,

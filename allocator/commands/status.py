@@ -34,7 +34,7 @@ import click
 
 from allocator import config as config_mod
 from allocator import errors, runway
-from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
+from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, config_options, exit_codes
 from allocator.commands.ranges import FiniteFloatRange
 from allocator.errors import AllocatorError, UsageError
 
@@ -56,7 +56,7 @@ Emit = Callable[[str, str, dict[str, Any]], None]
     ),
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@config_mod.config_options
+@config_options
 def status(as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]) -> None:
     """Leader, contenders in election order, pool level and the last handovers."""
     from allocator.status import gather
@@ -224,7 +224,7 @@ def ahead_line(report: dict[str, Any]) -> str:
     show_envvar=True,
     help="JSON lines: one object per line, each with time, event and its fields.",
 )
-@config_mod.config_options
+@config_options
 def watch(
     duration: float | None, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
 ) -> None:
@@ -310,7 +310,7 @@ def _json_line(event: str, text: str, fields: dict[str, Any]) -> None:
     help="HTTP timeout in seconds.",
 )
 @click.option("--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object.")
-@config_mod.config_options
+@config_options
 def step_down(
     timeout: float, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
 ) -> None:
