@@ -1,0 +1,87 @@
+"""The secrets among the keys: which they are, how they are masked, and their ``*_FILE`` files.
+
+Rules:
+
+- Secrets (``postgres.url``'s password and every other libpq secret parameter in it,
+  ``zookeeper.auth``, ``node.admin_token``: :data:`SECRET_KEYS`) are ``SecretStr``, never
+  echoed in errors, and masked by :meth:`allocator.config.Config.masked_dict`. Loading
+  hands their values to :func:`register_secrets` as soon as it reads them, so no log line
+  or error message of the process prints them.
+- Each can also come from a file named by its variable plus ``_FILE``
+  (:func:`allocator.config.secret_file_env`: ``ALLOCATOR_NODE_ADMIN_TOKEN_FILE``,
+  ``ALLOCATOR_ZOOKEEPER_AUTH_FILE``, ``ALLOCATOR_POSTGRES_URL_FILE``; systemd credentials,
+  Kubernetes and compose secrets, ``allocator local env``): the file's text, stripped, on
+  one line, in the environment's place in the order; both the variable and its ``_FILE``
+  is a :class:`~allocator.errors.ConfigError`, like a file that cannot be read
+  (:func:`read_secret_files`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+
+from pydantic import SecretStr
+
+from allocator import redact
+from allocator.config.environment import env_name, secret_file_env
+from allocator.errors import ConfigError
+
+MASK = redact.MASK
+SECRET_KEYS = frozenset({"postgres.url", "zookeeper.auth", "node.admin_token"})
+
+
+def mask_url(url: str) -> str:
+    """``url`` with every libpq secret parameter masked (:func:`allocator.redact.mask_conninfo`)."""
+    return redact.mask_conninfo(url)
+
+
+def register_secrets(values: Mapping[str, object]) -> None:
+    """Hands the secrets among ``values`` (dotted keys) to :func:`allocator.redact.register`,
+    so no log line or error message of this process can print them."""
+    for key in SECRET_KEYS:
+        value = values.get(key)
+        if isinstance(value, SecretStr):
+            value = value.get_secret_value()
+        if not isinstance(value, str) or not value:
+            continue
+        if key == "postgres.url":
+            redact.register(*redact.url_secrets(value))
+        elif key == "zookeeper.auth":
+            redact.register(value, value.partition(":")[2])
+        else:
+            redact.register(value)
+
+
+def read_secret_files(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """``env`` without the secrets' ``*_FILE`` variables, and what their files hold by
+    dotted key (module rules). An empty ``*_FILE`` variable counts as unset."""
+    file_keys = {secret_file_env(key): key for key in SECRET_KEYS}
+    given = {name.upper() for name, value in env.items() if value}
+    rest: dict[str, str] = {}
+    secrets: dict[str, str] = {}
+    for name, value in env.items():
+        key = file_keys.get(name.upper())
+        if key is None:
+            rest[name] = value
+        elif value:
+            if env_name(key) in given:
+                raise ConfigError(f"set {env_name(key)} or {secret_file_env(key)}, not both")
+            secrets[key] = _read_secret_file(secret_file_env(key), value)
+    return rest, secrets
+
+
+def _read_secret_file(name: str, path: str) -> str:
+    shown = f"{name}={path if path.isprintable() else repr(path)}"  # one line, always
+    try:
+        text = Path(path).read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{shown}: the file is not UTF-8 text") from None
+    except (OSError, ValueError) as exc:  # ValueError: a NUL in the path
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else "bad path"
+        raise ConfigError(f"{shown}: cannot read the file ({reason})") from None
+    if not text:
+        raise ConfigError(f"{shown}: the file is empty")
+    if "\n" in text or "\r" in text:
+        raise ConfigError(f"{shown}: the file must hold the secret on one line")
+    return text
