@@ -77,10 +77,10 @@ from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 from kazoo.handlers.threading import KazooTimeoutError
 from kazoo.protocol.states import KazooState
 
-from allocator import fence, health, logs, reaper, runway, session_file, zkclient
+from allocator import fence, health, logs, reaper, session_file, zkclient
 from allocator.admin import AdminServer
 from allocator.cluster_view import ClusterView
-from allocator.config import Config
+from allocator.config import Config, runway
 from allocator.election import (
     Contender,
     Election,

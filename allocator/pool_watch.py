@@ -29,8 +29,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from allocator import logs, runway
-from allocator.config import Config
+from allocator import logs
+from allocator.config import Config, runway
 from allocator.db import PoolStatus
 from allocator.errors import AllocatorError
 from allocator.metrics import NodeMetrics

@@ -22,8 +22,9 @@ from pathlib import Path
 import click
 
 from allocator import config as config_mod
-from allocator import errors, runway, zkclient
+from allocator import errors, zkclient
 from allocator.commands.options import GROUP_CODES, OTHER, USAGE, config_options, exit_codes
+from allocator.config import runway
 from allocator.db import Replication, read_pool_status, read_replication
 from allocator.errors import AllocatorError, InvalidConfigError
 from allocator.layout import format_utc_ms

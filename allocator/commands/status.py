@@ -14,7 +14,7 @@ views, never buried in a table: it stops all cutting. So is a pause of claims
 ignored for the order or whose data does not parse are shown (``election`` in the JSON), and
 step-down refuses a leader whose data does not parse rather than send the token to an
 address someone else wrote. ``status`` also states, by the configuration it was given,
-the runway a handover needs (:mod:`allocator.runway`), and warns on stderr when
+the runway a handover needs (:mod:`allocator.config.runway`), and warns on stderr when
 ``pool.max_blocks`` cannot cover one at the measured claim rate.
 """
 
@@ -33,9 +33,10 @@ from typing import Any
 import click
 
 from allocator import config as config_mod
-from allocator import errors, runway
+from allocator import errors
 from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, config_options, exit_codes
 from allocator.commands.ranges import FiniteFloatRange
+from allocator.config import runway
 from allocator.errors import AllocatorError, UsageError
 
 WATCH_INTERVAL_S = 0.25

@@ -11,7 +11,8 @@ load_config``). Each module has one job, and states its rules:
   of the process environment;
 - :mod:`~allocator.config.secrets`: the secret keys, their masking and ``*_FILE`` files;
 - :mod:`~allocator.config.problems`: how a problem reads (one line per problem);
-- :mod:`~allocator.config.loading`: :func:`load_config`, the sources and their order.
+- :mod:`~allocator.config.loading`: :func:`load_config`, the sources and their order;
+- :mod:`~allocator.config.runway`: what the settings cover (the runway a handover needs).
 
 The command-line options that load it (``--config``, ``--set``) are the CLI's:
 :func:`allocator.commands.options.config_options`.
