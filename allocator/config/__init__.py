@@ -1,7 +1,7 @@
 """Configuration: one validated, frozen :class:`Config` from a TOML file, the environment and flags.
 
 This package is the public face; import from it (``from allocator.config import Config,
-load_config``). Each module has one job, and states its rules:
+load_config``). Each module has one job:
 
 - :mod:`~allocator.config.values`: what one value may be (bounded numbers, addresses);
 - :mod:`~allocator.config.sections`: the pydantic model of each section, and the keys;

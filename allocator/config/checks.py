@@ -1,13 +1,5 @@
-"""Rules between keys: what each section's own checks cannot see.
-
-Rules:
-
-- A rule runs only when the sections it reads passed their own checks, so a problem here
-  never repeats one of a key's own (:mod:`allocator.config.sections`).
-- A problem names the key to blame with its message and that key's effective value;
-  :func:`allocator.config.load_config` adds where the value came from ("default" when a
-  key nobody set breaks a rule with one that was set), :class:`~allocator.config.Config`
-  runs the same rules on a model built any other way.
+"""Rules between keys: what each section's own checks cannot see (:func:`cross_check`).
+Both :func:`allocator.config.load_config` and :class:`~allocator.config.Config` run them.
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """The environment: the ``ALLOCATOR_*`` variables' names, and the one reader of them.
 
-Rules:
-
-- The environment variable of a key is ``ALLOCATOR_`` followed by the section and the key,
-  upper-cased and joined by ``_``: ``zookeeper.session_timeout_ms`` is
-  ``ALLOCATOR_ZOOKEEPER_SESSION_TIMEOUT_MS`` (:func:`env_name`). An
-  ``ALLOCATOR_<SECTION>_*`` variable that names no key is an error, like an unknown key in
-  the file or in the overrides.
-- This is the only module of the product that reads the process environment
-  (``os.environ``); any other gets a copy from :func:`process_environment`. An AST test
-  holds it (``tests/unit/test_boundaries.py``).
+Rule: this is the only module of the product that reads the process environment
+(``os.environ``); any other gets a copy from :func:`process_environment`. An AST test holds
+it (``tests/unit/test_boundaries.py``).
 """
 
 from __future__ import annotations
@@ -34,7 +27,10 @@ def process_environment() -> dict[str, str]:
 
 
 def env_name(key: str) -> str:
-    """The variable of a dotted key: ``pool.min_blocks`` is ``ALLOCATOR_POOL_MIN_BLOCKS``."""
+    """The variable of a dotted key: ``ALLOCATOR_`` followed by the section and the key,
+    upper-cased and joined by ``_``: ``pool.min_blocks`` is ``ALLOCATOR_POOL_MIN_BLOCKS``.
+    An ``ALLOCATOR_<SECTION>_*`` variable that names no key is an error, like an unknown
+    key in the file or in the overrides."""
     return ENV_PREFIX + key.replace(".", "_").upper()
 
 

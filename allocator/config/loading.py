@@ -1,26 +1,7 @@
-"""Loading: one validated, frozen :class:`~allocator.config.Config` from a TOML file, the
-environment and flags.
-
-Rules:
-
-- Sources, lowest precedence first: built-in defaults < the TOML file (``--config PATH`` or
-  ``ALLOCATOR_CONFIG``; optional, but a file that was named must exist) < ``ALLOCATOR_*``
-  environment variables (:mod:`allocator.config.environment`; a secret's ``*_FILE``,
-  :mod:`allocator.config.secrets`) < explicit overrides from command-line flags (``--set``
-  and dedicated flags).
-- Keys are ``section.key``; an unknown key in the file, the environment or the overrides
-  is an error.
-- Every value is validated when the config is loaded; rules between keys are checked too
-  (once the keys involved are valid themselves). A failure raises
-  :class:`~allocator.errors.InvalidConfigError` whose ``problems`` lists every problem,
-  one line each (:mod:`allocator.config.problems`), naming its dotted key, the bad value
-  and where it came from, e.g.
-  ``pool.min_blocks: must be >= 1 (got 0, from ALLOCATOR_POOL_MIN_BLOCKS)``; "default"
-  when a key nobody set breaks a rule with one that was set. A file that is not TOML (or
-  not UTF-8) is one :class:`~allocator.errors.ConfigError`.
-- Loading reads the file and the clock (the layout epoch must not be in the future), nothing
-  else: ``node.name`` left empty becomes ``<hostname>-<pid>`` only when
-  :meth:`~allocator.config.NodeConfig.resolved_name` is called.
+"""Loading: :func:`load_config` merges the defaults, a TOML file, the ``ALLOCATOR_*``
+environment (and the secrets' ``*_FILE`` files) and command-line overrides into one
+validated, frozen :class:`~allocator.config.Config`; :func:`parse_set_pairs` reads the
+``--set`` flags. It reads those sources and the clock, nothing else.
 """
 
 from __future__ import annotations
@@ -85,11 +66,25 @@ def load_config(
 ) -> Config:
     """Load, merge and validate: defaults < file < ``ALLOCATOR_*`` variables < ``overrides``.
 
-    ``path`` defaults to ``$ALLOCATOR_CONFIG``; when neither is set no file is read.
-    ``overrides`` maps dotted keys (``"zookeeper.hosts"``) to values, text or typed.
-    ``env`` defaults to the process environment; ``now_ms`` (for the epoch check) to the clock.
-    Raises :class:`InvalidConfigError` listing every problem, or :class:`ConfigError` when
-    the file (or a secret's ``*_FILE``) cannot be read.
+    ``path`` defaults to ``$ALLOCATOR_CONFIG``; when neither is set no file is read (a file
+    that was named must exist). ``overrides`` maps dotted keys (``"zookeeper.hosts"``) to
+    values, text or typed: the command line's ``--set`` and dedicated flags. ``env``
+    defaults to the process environment; a secret's ``*_FILE`` takes its variable's place
+    (:func:`~allocator.config.secrets.read_secret_files`). ``now_ms`` (for the check that
+    the layout epoch is not in the future) defaults to the clock.
+
+    Every value is validated, and the rules between keys are checked once the keys involved
+    are valid themselves. Raises :class:`InvalidConfigError` whose ``problems`` lists every
+    problem, one line each (:mod:`allocator.config.problems`): an unknown key in the file,
+    the environment or the overrides, or a bad value, named with its dotted key, the value
+    and where it came from, e.g.
+    ``pool.min_blocks: must be >= 1 (got 0, from ALLOCATOR_POOL_MIN_BLOCKS)``; "default"
+    when a key nobody set breaks a rule with one that was set. Raises :class:`ConfigError`
+    when the file is not TOML (or not UTF-8), or it or a secret's ``*_FILE`` cannot be
+    read.
+
+    Reads nothing else: ``node.name`` left empty becomes ``<hostname>-<pid>`` only when
+    :meth:`~allocator.config.NodeConfig.resolved_name` is called.
     """
     env = process_environment() if env is None else env
     if path is None and env.get(CONFIG_PATH_ENV):

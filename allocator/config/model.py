@@ -1,11 +1,5 @@
-"""The effective configuration: :class:`Config`, the sections together, as a node sees them.
-
-Rules:
-
-- A :class:`Config` is valid as a whole: built any way (:func:`allocator.config.load_config`,
-  ``Config()``, ``model_validate``), it holds only sections that passed their own checks
-  and the rules between keys (:mod:`allocator.config.checks`).
-- It shows itself with its secrets masked (:meth:`Config.masked_dict`).
+"""The effective configuration: :class:`Config`, the sections together, valid as a whole
+however it is built, and shown with its secrets masked.
 """
 
 from __future__ import annotations

@@ -1,12 +1,5 @@
-"""How a configuration problem reads: one line naming the key, what is wrong, and the value.
-
-Rules:
-
-- A problem line is ``key: message (got value, from source)``, e.g.
-  ``pool.min_blocks: must be >= 1 (got 0, from ALLOCATOR_POOL_MIN_BLOCKS)``; pydantic's
-  wording is replaced by the project's own (:func:`error_message`).
-- A line is always one line: a key or value that holds a line break or another odd
-  character is shown quoted; a secret is never shown (:func:`show_value`).
+"""How a configuration problem reads: ``key: message (got value, from source)``, one line
+each, in the project's words rather than pydantic's; a secret is never shown.
 """
 
 from __future__ import annotations
@@ -49,7 +42,8 @@ def error_message(error: ErrorDetails) -> str:
 
 
 def show_value(key: str, value: object) -> str:
-    """A bad value for an error line; secrets stay hidden."""
+    """A bad value for an error line; secrets stay hidden, and a value that holds a line
+    break or another odd character is shown quoted, so the line stays one line."""
     if key in SECRET_KEYS:
         if key == "postgres.url" and isinstance(value, str):
             masked = mask_url(value)

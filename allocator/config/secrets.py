@@ -1,19 +1,7 @@
-"""The secrets among the keys: which they are, how they are masked, and their ``*_FILE`` files.
-
-Rules:
-
-- Secrets (``postgres.url``'s password and every other libpq secret parameter in it,
-  ``zookeeper.auth``, ``node.admin_token``: :data:`SECRET_KEYS`) are ``SecretStr``, never
-  echoed in errors, and masked by :meth:`allocator.config.Config.masked_dict`. Loading
-  hands their values to :func:`register_secrets` as soon as it reads them, so no log line
-  or error message of the process prints them.
-- Each can also come from a file named by its variable plus ``_FILE``
-  (:func:`allocator.config.secret_file_env`: ``ALLOCATOR_NODE_ADMIN_TOKEN_FILE``,
-  ``ALLOCATOR_ZOOKEEPER_AUTH_FILE``, ``ALLOCATOR_POSTGRES_URL_FILE``; systemd credentials,
-  Kubernetes and compose secrets, ``allocator local env``): the file's text, stripped, on
-  one line, in the environment's place in the order; both the variable and its ``_FILE``
-  is a :class:`~allocator.errors.ConfigError`, like a file that cannot be read
-  (:func:`read_secret_files`).
+"""The secret keys (:data:`SECRET_KEYS`): ``postgres.url``'s password and every other libpq
+secret parameter in it, ``zookeeper.auth``, ``node.admin_token``. They are ``SecretStr``,
+never echoed in errors, masked for display, and may come from a file named by a
+``*_FILE`` variable.
 """
 
 from __future__ import annotations
@@ -38,7 +26,8 @@ def mask_url(url: str) -> str:
 
 def register_secrets(values: Mapping[str, object]) -> None:
     """Hands the secrets among ``values`` (dotted keys) to :func:`allocator.redact.register`,
-    so no log line or error message of this process can print them."""
+    so no log line or error message of this process can print them: loading calls it as
+    soon as it has read them."""
     for key in SECRET_KEYS:
         value = values.get(key)
         if isinstance(value, SecretStr):
@@ -55,7 +44,14 @@ def register_secrets(values: Mapping[str, object]) -> None:
 
 def read_secret_files(env: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
     """``env`` without the secrets' ``*_FILE`` variables, and what their files hold by
-    dotted key (module rules). An empty ``*_FILE`` variable counts as unset."""
+    dotted key. An empty ``*_FILE`` variable counts as unset.
+
+    Each secret can come from a file named by its variable plus ``_FILE``
+    (:func:`~allocator.config.secret_file_env`: ``ALLOCATOR_NODE_ADMIN_TOKEN_FILE``,
+    ``ALLOCATOR_ZOOKEEPER_AUTH_FILE``, ``ALLOCATOR_POSTGRES_URL_FILE``; systemd credentials,
+    Kubernetes and compose secrets, ``allocator local env``): the file's text, stripped, on
+    one line, in the environment's place in the order. Both the variable and its ``_FILE``
+    is a :class:`~allocator.errors.ConfigError`, like a file that cannot be read."""
     file_keys = {secret_file_env(key): key for key in SECRET_KEYS}
     given = {name.upper() for name, value in env.items() if value}
     rest: dict[str, str] = {}

@@ -1,15 +1,7 @@
-"""The settings model: one frozen pydantic model per section of the file, and their keys.
-
-Rules:
-
-- A section holds its keys and each key's own rules (bounds, shapes); a value that breaks
-  one is a problem of that key alone. Rules between keys are
-  :mod:`allocator.config.checks`.
-- Beyond :mod:`allocator.config.values`' bounds: the TCP keepalive settings stay in
-  Linux's bounds, the layout's bit widths in the ID's 63 bits.
-- Secrets are ``SecretStr`` (:mod:`allocator.config.secrets`).
-- Nothing here reads the host: ``node.name`` left empty becomes ``<hostname>-<pid>`` only
-  when :meth:`NodeConfig.resolved_name` is called.
+"""The settings model: one frozen pydantic model per section of the file, each key with its
+own rules (bounds, shapes; the TCP keepalive settings in Linux's bounds, the layout's bit
+widths in the ID's 63 bits), and :data:`KEYS`. Rules between keys are
+:mod:`allocator.config.checks`.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """What one configuration value may be: the bounded number types and the address checks.
 
-Rules:
-
-- A valid config holds only values a node can use: every float key is a duration in
-  seconds, at most :data:`MAX_DURATION_S` (10 years: a wait, timer or ``timedelta`` of it
-  never overflows); every integer fits in 64 bits, the PostgreSQL settings and ZooKeeper's
-  session timeout in 32 (:data:`PG_INT_MAX`); TOML's ``true``/``false`` is never a number.
-  The sections (:mod:`allocator.config.sections`) add each key's own bounds.
+Rule: a valid config holds only values a node can use: every float key is a duration in
+seconds, at most :data:`MAX_DURATION_S` (10 years: a wait, timer or ``timedelta`` of it
+never overflows); every integer fits in 64 bits, the PostgreSQL settings and ZooKeeper's
+session timeout in 32 (:data:`PG_INT_MAX`); TOML's ``true``/``false`` is never a number.
 """
 
 from __future__ import annotations
