@@ -2,7 +2,7 @@
 
 Rules:
 - Target = max(``pool.min_blocks``, claim rate x the longer of ``pool.runway_s`` and the
-  runway a handover needs), capped at ``pool.max_blocks`` (:mod:`allocator.runway`). Runs
+  runway a handover needs), capped at ``pool.max_blocks`` (:mod:`allocator.config.runway`). Runs
   every ``pool.refill_interval_s`` and early when the sampler sees the pool below
   ``pool.low_watermark_blocks``.
 - Blocks come from :func:`allocator.core.cutter.plan_blocks` (strictly after the mark, never ahead
@@ -38,8 +38,7 @@ from __future__ import annotations
 import threading
 import time
 
-from allocator import runway
-from allocator.config import PoolConfig
+from allocator.config import PoolConfig, runway
 from allocator.core import cutter, logs
 from allocator.core.errors import (
     BehindHighWaterError,

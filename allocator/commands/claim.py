@@ -31,7 +31,7 @@ import click
 from allocator import client
 from allocator import config as config_mod
 from allocator.commands import options
-from allocator.commands.options import CONFIG, OTHER, USAGE, exit_codes
+from allocator.commands.options import CONFIG, OTHER, USAGE, config_options, exit_codes
 
 
 @click.command(
@@ -66,7 +66,7 @@ from allocator.commands.options import CONFIG, OTHER, USAGE, exit_codes
 @options.database_url_option(
     help="PostgreSQL URL of a role granted allocator_consumer. [default: config postgres.url]"
 )
-@config_mod.config_options
+@config_options
 def claim(
     consumer: str,
     count: int,

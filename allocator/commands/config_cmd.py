@@ -22,8 +22,8 @@ from pathlib import Path
 import click
 
 from allocator import config as config_mod
-from allocator import runway
-from allocator.commands.options import GROUP_CODES, OTHER, USAGE, exit_codes
+from allocator.commands.options import GROUP_CODES, OTHER, USAGE, config_options, exit_codes
+from allocator.config import runway
 from allocator.core import errors
 from allocator.core.errors import AllocatorError, InvalidConfigError
 from allocator.core.layout import format_utc_ms
@@ -61,7 +61,7 @@ def config() -> None:
         OTHER,
     ),
 )
-@config_mod.config_options
+@config_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
 @click.option(
     "--database",

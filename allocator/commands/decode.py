@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 
 from allocator import config as config_mod
-from allocator.commands.options import CONFIG, OTHER, USAGE, exit_codes
+from allocator.commands.options import CONFIG, OTHER, USAGE, config_options, exit_codes
 from allocator.core import layout
 
 
@@ -32,7 +32,7 @@ from allocator.core import layout
 )
 @click.argument("snowflake_id", metavar="ID", type=str)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@config_mod.config_options
+@config_options
 def decode(
     snowflake_id: str, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
 ) -> None:

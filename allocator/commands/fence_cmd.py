@@ -28,7 +28,7 @@ from allocator import config as config_mod
 from allocator import fence
 from allocator.cluster_status import gather_fence
 from allocator.commands import options
-from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
+from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, config_options, exit_codes
 from allocator.core.audit import check_reason
 from allocator.fence.rebase import (
     DatabaseWentBackError,
@@ -110,7 +110,7 @@ def rebase_command(
 @options.database_url_option(
     help="PostgreSQL URL (operator or node role). [default: config postgres.url]"
 )
-@config_mod.config_options
+@config_options
 def status_command(
     as_json: bool, database_url: str | None, config_path: Path | None, set_pairs: tuple[str, ...]
 ) -> None:

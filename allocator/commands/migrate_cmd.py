@@ -22,7 +22,7 @@ import click
 
 from allocator import config as config_mod
 from allocator.commands import options
-from allocator.commands.options import CONFIG, OTHER, USAGE, exit_codes
+from allocator.commands.options import CONFIG, OTHER, USAGE, config_options, exit_codes
 from allocator.core.errors import UsageError
 
 
@@ -48,7 +48,7 @@ from allocator.core.errors import UsageError
 @options.typed_option("--yes", is_flag=True, help="Confirm a downgrade to base.")
 @click.option("--check", is_flag=True, help="Only report; exit 1 when the schema is behind.")
 @options.json_option(help="Print one JSON object.")
-@config_mod.config_options
+@config_options
 def migrate_command(
     database_url: str | None,
     target: str,

@@ -23,8 +23,10 @@ Rules:
   (:func:`json_out_option`, :func:`json_option`, :func:`keep_option`, together
   :func:`bench_output_options`), and the embedded cluster's shape: ``--zk``,
   ``--nodes``, ``--session-timeout-ms`` (:func:`zk_servers_option`, :func:`nodes_option`,
-  :func:`session_timeout_option`). A command passes what differs (its default folder,
-  its JSON file's stem, its defaults, its help); names and types stay the same everywhere.
+  :func:`session_timeout_option`); and the configuration's ``--config`` and ``--set``
+  (:func:`config_options`, read with :func:`allocator.config.load_from_options`). A
+  command passes what differs (its default folder, its JSON file's stem, its defaults,
+  its help); names and types stay the same everywhere.
 - Every command's ``--help`` ends with its exit codes: :func:`exit_codes` makes the epilog
   from entries whose numbers come from :mod:`allocator.core.errors` (:data:`OK`, :data:`USAGE`,
   :data:`CONFIG`, ...), so a listed code is the one the error really carries; each entry
@@ -287,6 +289,36 @@ def session_timeout_option(default: int | None, help: str) -> Callable[[F], F]:
     )
 
 
+def config_option(func: F) -> F:
+    """``--config PATH`` (also ``ALLOCATOR_CONFIG``) as the ``config_path`` parameter."""
+    option = click.option(
+        "--config",
+        "config_path",
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar=config_mod.CONFIG_PATH_ENV,
+        show_envvar=True,
+        help="TOML config file (optional); ALLOCATOR_* variables and flags win over it.",
+    )
+    return option(func)
+
+
+def set_option(func: F) -> F:
+    """Repeatable ``--set SECTION.KEY=VALUE`` as the ``set_pairs`` parameter."""
+    option = click.option(
+        "--set",
+        "set_pairs",
+        multiple=True,
+        metavar="SECTION.KEY=VALUE",
+        help="Override one config key; wins over the file and ALLOCATOR_* variables. Repeatable.",
+    )
+    return option(func)
+
+
+def config_options(func: F) -> F:
+    """Both :func:`config_option` and :func:`set_option`."""
+    return config_option(set_option(func))
+
+
 def check_confirmable(yes: bool, what: str) -> None:
     """Refuses at once when nobody could answer the question (``what``: the change)."""
     if not yes and not sys.stdin.isatty():
@@ -322,7 +354,7 @@ def audited_options(record: str) -> Callable[[Callable[..., Any]], Callable[...,
                     help="PostgreSQL URL of a login role granted allocator_operator. "
                     "[default: config postgres.url]"
                 ),
-                config_mod.config_options,
+                config_options,
             ]
         ):
             command = option(command)

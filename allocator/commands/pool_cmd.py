@@ -26,7 +26,7 @@ import click
 
 from allocator import config as config_mod
 from allocator.commands import options
-from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
+from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, config_options, exit_codes
 from allocator.commands.ranges import FiniteFloatRange
 from allocator.config import Config
 from allocator.core import redact
@@ -72,7 +72,7 @@ def operator_options(record: str) -> Callable[[Callable[..., Any]], Callable[...
                     help="PostgreSQL URL of a login role granted allocator_operator. "
                     "[default: config postgres.url]"
                 ),
-                config_mod.config_options,
+                config_options,
             ]
         ):
             command = option(command)

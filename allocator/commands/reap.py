@@ -22,8 +22,7 @@ from pathlib import Path
 
 import click
 
-from allocator import config as config_mod
-from allocator.commands.options import OTHER, USAGE, exit_codes
+from allocator.commands.options import OTHER, USAGE, config_options, exit_codes
 from allocator.commands.run import load
 from allocator.core.errors import ConfigError
 from allocator.session import reaper
@@ -44,7 +43,7 @@ from allocator.session import reaper
 )
 @click.option("--name", help="The node's name (node.name) whose session to reap.")
 @click.option("--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object.")
-@config_mod.config_options
+@config_options
 def reap_session(
     name: str | None, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
 ) -> None:

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from allocator import config as config_mod
-from allocator.commands.options import OTHER, USAGE, exit_codes
+from allocator.commands.options import OTHER, USAGE, config_options, exit_codes
 from allocator.core import logs
 
 if TYPE_CHECKING:
@@ -144,7 +144,7 @@ def serve(node: Node) -> None:
     "--log-format", type=click.Choice(["text", "json"]), help="Log format (node.log_format)."
 )
 @click.option("--check", is_flag=True, help="Validate and print the effective config, then exit.")
-@config_mod.config_options
+@config_options
 def run(
     name: str | None,
     admin_address: str | None,

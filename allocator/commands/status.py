@@ -14,7 +14,7 @@ views, never buried in a table: it stops all cutting. So is a pause of claims
 ignored for the order or whose data does not parse are shown (``election`` in the JSON), and
 step-down refuses a leader whose data does not parse rather than send the token to an
 address someone else wrote. ``status`` also states, by the configuration it was given,
-the runway a handover needs (:mod:`allocator.runway`), and warns on stderr when
+the runway a handover needs (:mod:`allocator.config.runway`), and warns on stderr when
 ``pool.max_blocks`` cannot cover one at the measured claim rate.
 """
 
@@ -33,9 +33,9 @@ from typing import Any
 import click
 
 from allocator import config as config_mod
-from allocator import runway
-from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
+from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, config_options, exit_codes
 from allocator.commands.ranges import FiniteFloatRange
+from allocator.config import runway
 from allocator.core import errors
 from allocator.core.errors import AllocatorError, UsageError
 
@@ -57,7 +57,7 @@ Emit = Callable[[str, str, dict[str, Any]], None]
     ),
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-@config_mod.config_options
+@config_options
 def status(as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]) -> None:
     """Leader, contenders in election order, pool level and the last handovers."""
     from allocator.cluster_status import gather
@@ -225,7 +225,7 @@ def ahead_line(report: dict[str, Any]) -> str:
     show_envvar=True,
     help="JSON lines: one object per line, each with time, event and its fields.",
 )
-@config_mod.config_options
+@config_options
 def watch(
     duration: float | None, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
 ) -> None:
@@ -311,7 +311,7 @@ def _json_line(event: str, text: str, fields: dict[str, Any]) -> None:
     help="HTTP timeout in seconds.",
 )
 @click.option("--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object.")
-@config_mod.config_options
+@config_options
 def step_down(
     timeout: float, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
 ) -> None:

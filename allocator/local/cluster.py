@@ -80,7 +80,8 @@ from allocator.config import process_environment
 from allocator.core import logs
 from allocator.core.errors import LocalClusterError, ServerStartError, UsageError
 from allocator.local import nodes as nodes_mod
-from allocator.local import ports, postgres, processes, zookeeper
+from allocator.local import ports as ports
+from allocator.local import postgres, processes, zookeeper
 from allocator.local.ports import LOOPBACK
 from allocator.local.postgres import StopMode
 

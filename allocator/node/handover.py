@@ -9,8 +9,7 @@ clock disagrees while the pool holds less than a handover's runway hands over at
 
 from __future__ import annotations
 
-from allocator import runway
-from allocator.config import Config
+from allocator.config import Config, runway
 from allocator.core import health, logs
 from allocator.core.health import NodeHealth
 from allocator.metrics import NodeMetrics

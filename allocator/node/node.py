@@ -17,8 +17,7 @@ from typing import Any
 
 from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 
-from allocator import runway
-from allocator.config import Config
+from allocator.config import Config, runway
 from allocator.core import logs
 from allocator.core.clock import wall_clock_ms
 from allocator.core.health import NodeHealth

@@ -29,8 +29,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from allocator import runway
-from allocator.config import Config
+from allocator.config import Config, runway
 from allocator.core import logs
 from allocator.core.errors import AllocatorError
 from allocator.core.records import PoolStatus

@@ -32,7 +32,8 @@ from allocator.core.errors import (
     PrerequisiteError,
     ServerStartError,
 )
-from allocator.local import ports, postgres, processes, zookeeper
+from allocator.local import ports as ports
+from allocator.local import postgres, processes, zookeeper
 from allocator.local.cluster import ClusterInfo, LocalCluster
 from allocator.local.processes import is_pid_alive
 from allocator.zookeeper import client as zkclient

@@ -1,11 +1,12 @@
 """Issue 10: two rules of the product's source, checked on its syntax tree.
 
-1. Only the configuration module (``allocator/config.py``) reads the process environment:
-   no other module of ``allocator/`` or ``jobs/`` touches ``os.environ``/``environb``,
-   calls ``os.getenv``/``getenvb``/``putenv``/``unsetenv`` or ``os.path.expandvars``, or
-   imports any of them (``from os import environ``), also under another name
-   (``import os as o``) or through ``getattr(os, "environ")``; they get a copy from
-   ``allocator.config.process_environment()``. So no module can grow a test-only switch.
+1. Only the configuration's environment module (``allocator/config/environment.py``) reads
+   the process environment: no other module of ``allocator/`` or ``jobs/`` touches
+   ``os.environ``/``environb``, calls ``os.getenv``/``getenvb``/``putenv``/``unsetenv`` or
+   ``os.path.expandvars``, or imports any of them (``from os import environ``), also under
+   another name (``import os as o``) or through ``getattr(os, "environ")``; they get a copy
+   from ``allocator.config.process_environment()``. So no module can grow a test-only
+   switch.
    Options that click declares with an environment variable (``auto_envvar_prefix``,
    ``envvar=``) are the CLI's documented surface, shown in ``--help``, not reads of code.
 2. No SQL in the product writes the project's tables (every table and view of the
@@ -34,7 +35,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = (ROOT / "allocator", ROOT / "jobs")
-CONFIG_MODULE = ROOT / "allocator" / "config.py"
+CONFIG_MODULE = ROOT / "allocator" / "config" / "environment.py"
 MIGRATIONS_SQL = ROOT / "migrations" / "sql"
 
 # -- rule 1: the environment ------------------------------------------------------------

@@ -1,11 +1,10 @@
-"""Pure parts of the jobs and the pool's sizing (:mod:`allocator.runway`)."""
+"""Pure parts of the jobs and the pool's sizing (:mod:`allocator.config.runway`)."""
 
 from __future__ import annotations
 
 import pytest
 
-from allocator import runway
-from allocator.config import Config
+from allocator.config import Config, runway
 
 
 def _config(**pool: float) -> Config:

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 
-from allocator.config import Config
+from allocator.config.model import Config
 
 
 def needed_runway_s(config: Config) -> float:
