@@ -10,19 +10,16 @@ the pids the cluster ran. Progress goes to stderr, results to stdout.
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import signal
+import sys
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
-from types import FrameType
 from typing import Any
-
-import click
 
 from allocator.bench.server import Server
 from allocator.local.cluster import ClusterInfo, LocalCluster
@@ -31,26 +28,9 @@ NOT_EMBEDDED: dict[str, Any] = {"state_dir": None, "started": False, "stopped": 
 """The ``cluster`` object of a run against a given database URL."""
 
 
-def on_sigterm(signum: int, frame: FrameType | None) -> None:
-    """A SIGTERM handler: stop the run like Ctrl-C (cleanup still runs)."""
-    raise KeyboardInterrupt
-
-
-@contextmanager
-def interruptible() -> Iterator[None]:
-    """SIGTERM stops the run like Ctrl-C; either ends the command with click's Abort."""
-    signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    except KeyboardInterrupt:
-        progress("interrupted")
-        raise click.Abort from None
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-
-
 def progress(message: str) -> None:
-    click.echo(f"[bench {time.strftime('%H:%M:%S')}] {message}", err=True)
+    """One line of a bench's progress, on stderr."""
+    print(f"[bench {time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def timestamp() -> str:
@@ -122,16 +102,3 @@ def machine(
         "python": platform.python_version(),
         **extra,
     }
-
-
-def emit(document: dict[str, Any], out: Path, as_json: bool, table: Iterable[str]) -> None:
-    """Write the JSON to ``out``; print it (``as_json``) or the table, then where it went."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(document, indent=2) + "\n")
-    if as_json:
-        click.echo(json.dumps(document, indent=2))
-    else:
-        for line in table:
-            click.echo(line)
-        click.echo(f"JSON written to {out}")
-    progress(f"JSON written to {out}")

@@ -26,7 +26,7 @@ from allocator.bench import kit
 from allocator.bench.claims import report, runner
 from allocator.bench.claims.plan import Plan
 from allocator.commands import options
-from allocator.commands.bench import BENCH_CODES, bench
+from allocator.commands.bench import BENCH_CODES, bench, emit, interruptible
 from allocator.commands.options import (
     exit_codes,
 )
@@ -121,6 +121,6 @@ def claims(
         pool_blocks=pool_blocks,
     )
     out = json_out or state_dir / f"bench-claims-{kit.timestamp()}.json"
-    with kit.interruptible():
+    with interruptible():
         document, results = runner.run(plan, database_url, state_dir, keep)
-    kit.emit(document, out, as_json, report.table(document, results))
+    emit(document, out, as_json, report.table(document, results))

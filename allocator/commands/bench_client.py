@@ -26,7 +26,7 @@ from allocator.bench import kit
 from allocator.bench.client import report, runner
 from allocator.bench.client.runner import DEFAULT_POOL_BLOCKS
 from allocator.commands import options
-from allocator.commands.bench import BENCH_CODES, bench
+from allocator.commands.bench import BENCH_CODES, bench, emit, interruptible
 from allocator.commands.options import (
     exit_codes,
 )
@@ -105,7 +105,7 @@ def client(
         raise click.BadParameter("must be >= --batch-blocks", param_hint="--max-batch-blocks")
     batch = (batch_blocks, max_batch_blocks)
     out = json_out or state_dir / f"bench-client-{kit.timestamp()}.json"
-    with kit.interruptible():
+    with interruptible():
         document, results, latency = runner.run(
             database_url,
             state_dir,
@@ -116,7 +116,7 @@ def client(
             refill_at=refill_at,
             pool_blocks=pool_blocks,
         )
-    kit.emit(document, out, as_json, report.table(document, results, latency))
+    emit(document, out, as_json, report.table(document, results, latency))
 
 
 def _parse_threads(text: str) -> list[int]:

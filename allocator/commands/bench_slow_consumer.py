@@ -27,7 +27,7 @@ from allocator.bench import kit
 from allocator.bench.slow_consumer import report, runner
 from allocator.bench.slow_consumer.plan import HEAD, OLD_REVISION, Plan
 from allocator.commands import options
-from allocator.commands.bench import BENCH_CODES, bench
+from allocator.commands.bench import BENCH_CODES, bench, emit, interruptible
 from allocator.commands.options import (
     exit_codes,
 )
@@ -137,6 +137,6 @@ def slow_consumer(
         revisions=(HEAD, OLD_REVISION) if compare else (HEAD,),
     )
     out = json_out or state_dir / f"bench-slow-consumer-{kit.timestamp()}.json"
-    with kit.interruptible():
+    with interruptible():
         document, results = runner.run(plan, database_url, state_dir, keep)
-    kit.emit(document, out, as_json, report.table(document, results))
+    emit(document, out, as_json, report.table(document, results))
