@@ -101,9 +101,6 @@ class SessionGuard:
         with self._lock:
             return None if self._suspended_at is None else self._clock() - self._suspended_at
 
-    def wait_connected(self, timeout_s: float) -> bool:
-        return self._connected.wait(timeout_s)
-
     def reset(self) -> None:
         """Forget a loss: only when the node re-enters the election with a new session."""
         with self._lock:

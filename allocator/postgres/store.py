@@ -221,11 +221,6 @@ class NodeDatabase:
     ) -> None:
         self.close()
 
-    def pool_stats(self) -> dict[str, int]:
-        """``psycopg_pool``'s counters (``pool_size``, ``requests_waiting``, …); {} when closed."""
-        pool = self._pool
-        return pool.get_stats() if pool is not None else {}
-
     def _configure(self, conn: psycopg.Connection[TupleRow]) -> None:
         conn.execute(
             sql.CONFIGURE_SESSION,
