@@ -221,7 +221,7 @@ def gather(
     client = zookeeper_client(config)
     start(client, config)
     try:
-        with zookeeper_errors(config, "read the watermark"):  # first: see the module rules
+        with zookeeper_errors(config, "read the election"):  # the watermark first: module rules
             wait(client.sync_async(path), config)
             watermark = read_watermark(client, path, config)
         pool, terms = read_status(url, history_limit=history_limit, connect_timeout_s=timeout_s)
