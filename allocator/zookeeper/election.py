@@ -255,6 +255,8 @@ class Election:
         self._identity = identity
         self._tag = uuid.uuid4().hex
         self._znode: str | None = None
+        self._advert_lock = threading.Lock()
+        """Orders a join's create and an advert's write (:meth:`join`)."""
         self.fence = FenceZnodes(client, self._path, call_timeout_s=call_timeout_s, acl=self._acl)
         """The fence's znodes beside this election path, through the same client."""
         self.wakeups = 0
@@ -270,17 +272,23 @@ class Election:
         return self._znode
 
     def join(self) -> str:
-        """Create our contender node (idempotent while it exists); returns its path."""
-        if self._znode is not None and self._owns(self._znode):
+        """Create our contender node (idempotent while it exists); returns its path.
+
+        Under the advert's lock: an advert published while the znode is being created
+        either comes first (the create writes it) or waits and rewrites the new znode;
+        otherwise the create could write the older advert after the newer one was taken
+        for published, and it would stay wrong for as long as nothing changes."""
+        with self._advert_lock:
+            if self._znode is not None and self._owns(self._znode):
+                return self._znode
+            self._bounded(self._client.ensure_path_async(self._path, **self._acl_arg()))
+            self._remove_leftovers()
+            try:
+                self._znode = self._create()
+            except (ConnectionLoss, ZooKeeperCallTimeoutError):
+                # The create may have happened: look for our tag before trying again.
+                self._znode = self._find_own() or self._create()
             return self._znode
-        self._bounded(self._client.ensure_path_async(self._path, **self._acl_arg()))
-        self._remove_leftovers()
-        try:
-            self._znode = self._create()
-        except (ConnectionLoss, ZooKeeperCallTimeoutError):
-            # The create may have happened: look for our tag before trying again.
-            self._znode = self._find_own() or self._create()
-        return self._znode
 
     def _create(self) -> str:
         prefix = f"{self._path}/{NODE_PREFIX}{self._tag}-"
@@ -365,10 +373,12 @@ class Election:
         )
 
     def publish(self, identity: Identity) -> None:
-        """Rewrite our znode's data (what we advertise); a no-op before :meth:`join`."""
-        self._identity = identity
-        if self._znode is not None:
-            self._bounded(self._client.set_async(self._znode, identity.to_bytes()))
+        """Rewrite our znode's data (what we advertise); before :meth:`join`, what the
+        join will write. Under the advert's lock (see :meth:`join`)."""
+        with self._advert_lock:
+            self._identity = identity
+            if self._znode is not None:
+                self._bounded(self._client.set_async(self._znode, identity.to_bytes()))
 
     def _predecessor(self) -> str | None:
         """The nearest *ephemeral* contender before ours (module rules), or None: we lead.
