@@ -1,6 +1,6 @@
 """The embedded cluster behind ``allocator local``: ZooKeeper, PostgreSQL and nodes on loopback.
 
-One module per job: :mod:`~allocator.local.ports` (free loopback ports),
+One module per job: :mod:`~allocator.local.tcp_ports` (free loopback ports),
 :mod:`~allocator.local.processes` (daemons by pid), :mod:`~allocator.local.zookeeper`,
 :mod:`~allocator.local.postgres`, :mod:`~allocator.local.nodes` (node specs, environment,
 ``nodes.json``), :mod:`~allocator.local.supervisor` (the process that runs and restarts the

@@ -80,9 +80,9 @@ from allocator import logs
 from allocator.config import process_environment
 from allocator.errors import LocalClusterError, ServerStartError, UsageError
 from allocator.local import nodes as nodes_mod
-from allocator.local import ports, postgres, processes, zookeeper
-from allocator.local.ports import LOOPBACK
+from allocator.local import postgres, processes, tcp_ports, zookeeper
 from allocator.local.postgres import StopMode
+from allocator.local.tcp_ports import LOOPBACK
 
 log = logs.get_logger(__name__)
 
@@ -711,7 +711,7 @@ class LocalCluster:
             if primary.proc.alive():
                 return
             bin_dir, user = self._pg_prerequisites(state)
-            ports.ensure_free(primary.port, "PostgreSQL port")
+            tcp_ports.ensure_free(primary.port, "PostgreSQL port")
             deadline = time.monotonic() + self._start_timeout_s
             try:
                 daemon = self._spawn_pg(state, primary, bin_dir, user)
@@ -753,7 +753,7 @@ class LocalCluster:
         if len(set(numbers)) != len(numbers):
             raise UsageError(f"the requested ports are not distinct: {numbers}")
         for port, what in requested:
-            ports.ensure_free(port, what)
+            tcp_ports.ensure_free(port, what)
         free = iter(_pick_ports(3 * count + 1 - len(requested), exclude=set(numbers)))
         client_ports = self._zk_client_ports or tuple(next(free) for _ in range(count))
         servers = [
@@ -827,9 +827,9 @@ class LocalCluster:
         for record in zk_todo:
             _check_zk_ports(record)
         if pg_todo:
-            ports.ensure_free(primary.port, "PostgreSQL port")
+            tcp_ports.ensure_free(primary.port, "PostgreSQL port")
         if standby is not None and standby_todo:
-            ports.ensure_free(standby.port, "PostgreSQL standby port")
+            tcp_ports.ensure_free(standby.port, "PostgreSQL standby port")
         self._save(state)
         deadline = time.monotonic() + self._start_timeout_s
         started_zk: list[int] = []
@@ -1006,7 +1006,7 @@ class LocalCluster:
         # Nodes a killed supervisor left behind would hold the admin ports (and a name).
         nodes_mod.stop_recorded(self.state_dir, _nodes_stop_timeout_s(state))
         for spec in wanted:
-            ports.ensure_free(spec.admin_port, f"{spec.name} admin port")
+            tcp_ports.ensure_free(spec.admin_port, f"{spec.name} admin port")
         state.node_generation += 1
         self._save(state)
         daemon = processes.start(
@@ -1405,14 +1405,14 @@ def _zk_record(state: _State, server_id: int) -> _ZkRecord:
 
 def _check_zk_ports(record: _ZkRecord) -> None:
     server = record.server
-    ports.ensure_free(server.client_port, f"ZooKeeper server {server.id} client port")
-    ports.ensure_free(server.peer_port, f"ZooKeeper server {server.id} peer port")
-    ports.ensure_free(server.election_port, f"ZooKeeper server {server.id} election port")
+    tcp_ports.ensure_free(server.client_port, f"ZooKeeper server {server.id} client port")
+    tcp_ports.ensure_free(server.peer_port, f"ZooKeeper server {server.id} peer port")
+    tcp_ports.ensure_free(server.election_port, f"ZooKeeper server {server.id} election port")
 
 
 def _pick_ports(count: int, exclude: set[int]) -> list[int]:
     """``count`` distinct free ports, none of them in ``exclude``."""
-    picked = [p for p in ports.pick_free_ports(count + len(exclude)) if p not in exclude]
+    picked = [p for p in tcp_ports.pick_free_ports(count + len(exclude)) if p not in exclude]
     return picked[:count]
 
 

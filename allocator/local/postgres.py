@@ -64,7 +64,7 @@ from allocator import logs
 from allocator.config import process_environment
 from allocator.errors import LocalClusterError, PrerequisiteError, ServerStartError
 from allocator.local import processes
-from allocator.local.ports import LOOPBACK
+from allocator.local.tcp_ports import LOOPBACK
 
 log = logs.get_logger(__name__)
 

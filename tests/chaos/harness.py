@@ -60,8 +60,8 @@ from allocator.db import DEFAULT_MAX_CLOCK_AHEAD_MS
 from allocator.layout import Layout
 from allocator.local import nodes as nodes_mod
 from allocator.local.cluster import ClusterInfo, LocalCluster, NodeInfo
-from allocator.local.ports import LOOPBACK, pick_free_ports
 from allocator.local.processes import is_pid_alive, tail
+from allocator.local.tcp_ports import LOOPBACK, pick_free_ports
 from allocator.session_file import SessionRecord
 from allocator.verify import Claim, LedgerRow, TermRow, Violation, WriteRow, summary
 from tests.fixtures.cluster import OWNER_FILE, STATE_PREFIX, cluster_pids

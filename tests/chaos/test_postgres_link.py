@@ -38,7 +38,7 @@ import pytest
 from allocator import zkclient
 from allocator.drill.proxy import Proxy
 from allocator.election import Contender, read_contenders
-from allocator.local.ports import LOOPBACK
+from allocator.local.tcp_ports import LOOPBACK
 from allocator.verify import check
 from tests.chaos.harness import (
     ChaosCluster,

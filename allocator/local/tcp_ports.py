@@ -1,4 +1,5 @@
-"""Free loopback TCP ports for the embedded cluster.
+"""Free loopback TCP ports for the embedded cluster (not :mod:`allocator.ports`, the node's
+seams).
 
 Rules: every server of the embedded cluster listens on 127.0.0.1 only, on ports chosen at
 run time (never fixed numbers). A port is picked by binding ``127.0.0.1:0`` and reading what
