@@ -2,7 +2,8 @@
 
 One module per job: :mod:`~allocator.local.tcp_ports` (free loopback ports),
 :mod:`~allocator.local.processes` (daemons by pid), :mod:`~allocator.local.zookeeper`,
-:mod:`~allocator.local.postgres`, :mod:`~allocator.local.nodes` (node specs, environment,
+:mod:`~allocator.local.postgres` (with :mod:`~allocator.local.pg_settings` and
+:mod:`~allocator.local.pg_sql`), :mod:`~allocator.local.nodes` (node specs, environment,
 ``nodes.json``), :mod:`~allocator.local.supervisor` (the process that runs and restarts the
 nodes), and :mod:`~allocator.local.cluster` (the manager,
 :class:`~allocator.local.cluster.LocalCluster`, and its ``cluster.json`` record). Tests,

@@ -80,7 +80,7 @@ from allocator import logs
 from allocator.config import process_environment
 from allocator.errors import LocalClusterError, ServerStartError, UsageError
 from allocator.local import nodes as nodes_mod
-from allocator.local import postgres, processes, tcp_ports, zookeeper
+from allocator.local import pg_settings, pg_sql, postgres, processes, tcp_ports, zookeeper
 from allocator.local.postgres import StopMode
 from allocator.local.tcp_ports import LOOPBACK
 
@@ -554,7 +554,7 @@ class LocalCluster:
             primary = state.primary()
             if migrate:
                 _apply_migrations(postgres.database_url(state.superuser, state.pg_ports()))
-            postgres.ensure_login_roles(primary.port, state.superuser, LOGIN_ROLES)
+            pg_sql.ensure_login_roles(primary.port, state.superuser, LOGIN_ROLES)
             self._start_nodes(state, count)
             return self._info(state)
 
@@ -697,7 +697,7 @@ class LocalCluster:
                 raise LocalClusterError(f"the primary (pid {old.proc.pid}) did not stop")
             old.role = RETIRED
             self._save(state)
-            postgres.promote(standby.port, state.superuser)
+            pg_sql.promote(standby.port, state.superuser)
             standby.role = PRIMARY
             self._save(state)
             log.info("postgres_failover", retired_port=old.port, primary_port=standby.port)
@@ -881,11 +881,11 @@ class LocalCluster:
         if record is primary:
             standby = state.live_standby()
             synchronous = standby is not None and postgres.is_initialized(Path(standby.data_dir))
-            replication = postgres.primary_settings(synchronous)
+            replication = pg_settings.primary_settings(synchronous)
             if not postgres.is_initialized(data_dir):
                 postgres.initdb(bin_dir, self.state_dir, data_dir, user, state.superuser)
         else:
-            replication = postgres.standby_settings(primary.port, state.superuser)
+            replication = pg_settings.standby_settings(primary.port, state.superuser)
             if not postgres.is_initialized(data_dir):
                 postgres.base_backup(
                     bin_dir,
@@ -913,7 +913,7 @@ class LocalCluster:
     def _wait_pg(self, state: _State, daemon: processes.Daemon, deadline: float) -> None:
         primary = state.primary()
         postgres.wait_ready(daemon, primary.port, state.superuser, deadline)
-        postgres.ensure_database(primary.port, state.superuser)
+        pg_sql.ensure_database(primary.port, state.superuser)
 
     def _start_standby(
         self,
@@ -929,10 +929,10 @@ class LocalCluster:
         postgres.wait_ready(daemon, standby.port, state.superuser, deadline)
         primary = state.primary()
         postgres.write_settings(
-            Path(primary.data_dir), primary.port, user, postgres.primary_settings(True)
+            Path(primary.data_dir), primary.port, user, pg_settings.primary_settings(True)
         )
-        postgres.reload(primary.port, state.superuser)
-        postgres.wait_synchronous(primary.port, state.superuser, deadline)
+        pg_sql.reload(primary.port, state.superuser)
+        pg_sql.wait_synchronous(primary.port, state.superuser, deadline)
 
     def _rollback(self, state: _State, *, zk_ids: Sequence[int], pg: Sequence[_PgRecord]) -> None:
         """Stop what a failed start began (best effort; the original error is what matters)."""
@@ -1336,10 +1336,10 @@ def _pg_server_info(state: _State, record: _PgRecord, state_dir: Path) -> Postgr
         role=record.role,
         # Asked only where there is replication to tell about (status stays cheap).
         in_recovery=(
-            postgres.in_recovery(record.port, state.superuser) if replicated and running else None
+            pg_sql.in_recovery(record.port, state.superuser) if replicated and running else None
         ),
         sync_state=(
-            postgres.sync_state(primary.port, state.superuser)
+            pg_sql.sync_state(primary.port, state.superuser)
             if record.role == STANDBY and primary.proc.alive()
             else None
         ),
