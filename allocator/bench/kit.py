@@ -25,7 +25,8 @@ from typing import Any
 import click
 
 from allocator.bench.server import Server
-from allocator.local.cluster import ClusterInfo, LocalCluster
+from allocator.local.cluster import LocalCluster
+from allocator.local.info import ClusterInfo
 
 NOT_EMBEDDED: dict[str, Any] = {"state_dir": None, "started": False, "stopped": False}
 """The ``cluster`` object of a run against a given database URL."""

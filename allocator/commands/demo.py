@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from kazoo.client import KazooClient
 
     from allocator.consumers import Consumers
-    from allocator.local.cluster import ClusterInfo
+    from allocator.local.info import ClusterInfo
     from allocator.verify import Claim, Violation
 
 DEFAULT_STATE_DIR = Path(".run/demo")

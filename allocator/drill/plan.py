@@ -50,7 +50,8 @@ from allocator.drill.scenarios import LINKS, MIXED, SCENARIOS, STANDBY, Target, 
 from allocator.election import read_contenders
 from allocator.errors import UsageError
 from allocator.local import nodes as nodes_mod
-from allocator.local.cluster import ClusterInfo, LocalCluster
+from allocator.local.cluster import LocalCluster
+from allocator.local.info import ClusterInfo
 from allocator.local.processes import is_pid_alive
 
 LINKS_DIR: Final = "drill-links"

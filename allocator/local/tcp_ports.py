@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+from collections.abc import Collection
 
 from allocator.errors import PortInUseError
 
@@ -30,6 +31,12 @@ def pick_free_ports(count: int, host: str = LOOPBACK) -> list[int]:
             sock.bind((host, 0))
             ports.append(int(sock.getsockname()[1]))
         return ports
+
+
+def pick_free_ports_except(count: int, exclude: Collection[int]) -> list[int]:
+    """``count`` distinct free ports, none of them in ``exclude``."""
+    picked = [p for p in pick_free_ports(count + len(exclude)) if p not in exclude]
+    return picked[:count]
 
 
 def is_free(port: int, host: str = LOOPBACK) -> bool:

@@ -59,7 +59,8 @@ from allocator.consumers import Consumers
 from allocator.db import DEFAULT_MAX_CLOCK_AHEAD_MS
 from allocator.layout import Layout
 from allocator.local import nodes as nodes_mod
-from allocator.local.cluster import ClusterInfo, LocalCluster, NodeInfo
+from allocator.local.cluster import LocalCluster
+from allocator.local.info import ClusterInfo, NodeInfo
 from allocator.local.processes import is_pid_alive, tail
 from allocator.local.tcp_ports import LOOPBACK, pick_free_ports
 from allocator.session_file import SessionRecord

@@ -40,7 +40,7 @@ import pytest
 from allocator import verify, verify_db
 from allocator.db import DEFAULT_MAX_CLOCK_AHEAD_MS
 from allocator.local import postgres
-from allocator.local.cluster import ClusterInfo
+from allocator.local.info import ClusterInfo
 from allocator.verify import Claim, Violation
 from tests.chaos.harness import ChaosCluster, chaos_consumers, layout, wait_for
 from tests.chaos.test_clock_skew import LIBFAKETIME, faketime_env

@@ -10,7 +10,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from allocator.election import Election, Identity, read_contenders
-from allocator.local.cluster import ClusterInfo
+from allocator.local.info import ClusterInfo
 from allocator.local.zookeeper import four_letter_word
 
 pytestmark = pytest.mark.integration

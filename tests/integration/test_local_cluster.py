@@ -34,7 +34,8 @@ from allocator.errors import (
     ServerStartError,
 )
 from allocator.local import postgres, processes, tcp_ports, zookeeper
-from allocator.local.cluster import ClusterInfo, LocalCluster
+from allocator.local.cluster import LocalCluster
+from allocator.local.info import ClusterInfo
 from allocator.local.processes import is_pid_alive
 
 pytestmark = pytest.mark.integration

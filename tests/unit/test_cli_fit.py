@@ -33,7 +33,8 @@ from allocator import config as config_mod
 from allocator import status as status_mod
 from allocator.commands import options
 from allocator.election import Contender, Identity
-from allocator.local.cluster import ClusterInfo, LocalCluster, PostgresInfo
+from allocator.local.cluster import LocalCluster
+from allocator.local.info import ClusterInfo, PostgresInfo
 from tests.fuzz.clikit import EXIT_CODES
 
 ROOT = Path(__file__).resolve().parents[2]
