@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from allocator.bench.server import Server
-from allocator.local.cluster import ClusterInfo, LocalCluster
+from allocator.local.cluster import LocalCluster
+from allocator.local.info import ClusterInfo
 
 NOT_EMBEDDED: dict[str, Any] = {"state_dir": None, "started": False, "stopped": False}
 """The ``cluster`` object of a run against a given database URL."""

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
 
     from allocator.core.verify import Claim, Violation
     from allocator.drill.consumers import Consumers
-    from allocator.local.cluster import ClusterInfo
+    from allocator.local.info import ClusterInfo
 
 DEFAULT_STATE_DIR = Path(".run/demo")
 CONSUMER = "demo-consumer-1"

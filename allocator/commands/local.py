@@ -43,7 +43,8 @@ from allocator.commands.options import (
 from allocator.core.errors import UsageError
 from allocator.local import client_env, postgres
 from allocator.local import nodes as nodes_mod
-from allocator.local.cluster import MAX_NODES, ClusterInfo, LocalCluster, NodeInfo
+from allocator.local.cluster import MAX_NODES, LocalCluster
+from allocator.local.info import ClusterInfo, NodeInfo
 
 STATE_DIR_ENV = "ALLOCATOR_LOCAL_STATE_DIR"
 DEFAULT_STATE_DIR = Path(".run")

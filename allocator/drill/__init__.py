@@ -12,7 +12,8 @@ The package, one job per module:
 - :mod:`.links`, :mod:`.proxy`, :mod:`.shim`: the drill's own links between each node and
   ZooKeeper/PostgreSQL (cut, black-holed) and a node's skewed clock (libfaketime).
 - :mod:`.results`, :mod:`.output`, :mod:`.report`: what was measured, the table and JSON,
-  the Markdown + PNG report.
+  the report's files and Markdown (:mod:`.report_png`: its picture; :mod:`.report_document`:
+  the document read null-tolerantly).
 
 ``allocator/commands/drill.py`` is the thin click wrapper. Nothing here is a test switch:
 the drill breaks a cluster only from outside, through real mechanisms.

@@ -48,7 +48,8 @@ from allocator.drill.results import ScenarioResult
 from allocator.drill.runner import Drill, Sources
 from allocator.drill.scenarios import LINKS, MIXED, SCENARIOS, STANDBY, Target, refusal
 from allocator.local import nodes as nodes_mod
-from allocator.local.cluster import ClusterInfo, LocalCluster
+from allocator.local.cluster import LocalCluster
+from allocator.local.info import ClusterInfo
 from allocator.local.processes import is_pid_alive
 from allocator.zookeeper import client as zkclient
 from allocator.zookeeper.election import read_contenders

@@ -40,7 +40,7 @@ import struct
 import threading
 from types import TracebackType
 
-from allocator.local.ports import LOOPBACK
+from allocator.local.tcp_ports import LOOPBACK
 
 SELECT_TIMEOUT_S = 0.2
 CHUNK_BYTES = 65536

@@ -45,7 +45,7 @@ from pathlib import Path
 from allocator.config import process_environment
 from allocator.core.errors import ConfigError, PrerequisiteError
 from allocator.drill.links import NodeLinks, read_node_links
-from allocator.local.ports import LOOPBACK
+from allocator.local.tcp_ports import LOOPBACK
 
 PROG = "allocator.drill.shim"
 NODE_NAME_VAR = "ALLOCATOR_NODE_NAME"

@@ -2,7 +2,7 @@
 
 Rules:
 
-- The variables come from the cluster's record (:class:`~allocator.local.cluster.ClusterInfo`):
+- The variables come from the cluster's record (:class:`~allocator.local.info.ClusterInfo`):
   ``ALLOCATOR_ZOOKEEPER_HOSTS`` (the ensemble plus the nodes' chroot),
   ``ALLOCATOR_POSTGRES_URL`` (the nodes' login role, ``allocator_node_login``: what
   ``status``, ``watch`` and ``fence status`` read), ``ALLOCATOR_CLAIM_DATABASE_URL``
@@ -33,7 +33,8 @@ from typing import Any
 from allocator import config as config_mod
 from allocator.core import files
 from allocator.core.errors import LocalClusterError
-from allocator.local.cluster import SECRETS_DIR, ClusterInfo
+from allocator.local.folder import SECRETS_DIR
+from allocator.local.info import ClusterInfo
 
 STATE_DIR_ENV = "ALLOCATOR_LOCAL_STATE_DIR"
 CLAIM_URL_ENV = "ALLOCATOR_CLAIM_DATABASE_URL"

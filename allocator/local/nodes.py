@@ -46,7 +46,7 @@ from typing import Any
 
 from allocator.core import logs
 from allocator.local import postgres, processes
-from allocator.local.ports import LOOPBACK
+from allocator.local.tcp_ports import LOOPBACK
 
 log = logs.get_logger(__name__)
 

@@ -69,7 +69,7 @@ BACKOFF_MAX_S = 2.0
 BACKOFF_RESET_UPTIME_S = 10.0
 SPAWN_FAILED_EXIT_CODE = 127
 REAP_TIMEOUT_S = 2.0
-STATE_FILE = "cluster.json"  # the manager's record (allocator.local.cluster.STATE_FILE)
+STATE_FILE = "cluster.json"  # the manager's record (allocator.local.folder.STATE_FILE)
 
 
 @dataclass

@@ -45,7 +45,7 @@ from typing import Any
 from allocator.config import process_environment
 from allocator.core.errors import PrerequisiteError, ServerStartError
 from allocator.local import processes
-from allocator.local.ports import LOOPBACK
+from allocator.local.tcp_ports import LOOPBACK
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from allocator.drill import report
+from allocator.drill import report_png
 from allocator.drill.scenarios import SCENARIOS
 from allocator.local.cluster import LocalCluster
 from allocator.local.processes import is_pid_alive
@@ -124,7 +124,7 @@ def test_every_scenario_once_passes_writes_a_report_and_stops_everything(
     summary_md = (report_dir / "drill.md").read_text()
     assert "| kill |" in summary_md
     assert "![timeline](drill.png)" in summary_md
-    assert png_size(report_dir / "drill.png") == (report.PNG_WIDTH_PX, report.PNG_HEIGHT_PX)
+    assert png_size(report_dir / "drill.png") == (report_png.PNG_WIDTH_PX, report_png.PNG_HEIGHT_PX)
     timeline = data["timeline"]
     assert [f["scenario"] for f in timeline["faults"]] == list(SCENARIOS)
     assert timeline["leadership"]

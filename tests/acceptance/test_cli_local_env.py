@@ -27,7 +27,8 @@ from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
 from allocator import cli
-from allocator.local.cluster import ClusterInfo, LocalCluster
+from allocator.local.cluster import LocalCluster
+from allocator.local.info import ClusterInfo
 
 pytestmark = pytest.mark.integration
 

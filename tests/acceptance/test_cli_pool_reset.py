@@ -24,7 +24,7 @@ from kazoo.client import KazooClient
 
 from allocator.core.layout import Layout
 from allocator.fence import Token, Watermark, watermark_path
-from allocator.local.cluster import ClusterInfo
+from allocator.local.info import ClusterInfo
 from tests.fixtures import pg
 from tests.fixtures.pg import LAYOUT_JSON, cut, layout_blocks, take_fence
 from tests.fixtures.zk import ZK_AUTH

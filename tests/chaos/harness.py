@@ -59,9 +59,10 @@ from allocator.core.layout import Layout
 from allocator.core.verify import Claim, LedgerRow, TermRow, Violation, WriteRow, summary
 from allocator.drill.consumers import Consumers
 from allocator.local import nodes as nodes_mod
-from allocator.local.cluster import ClusterInfo, LocalCluster, NodeInfo
-from allocator.local.ports import LOOPBACK, pick_free_ports
+from allocator.local.cluster import LocalCluster
+from allocator.local.info import ClusterInfo, NodeInfo
 from allocator.local.processes import is_pid_alive, tail
+from allocator.local.tcp_ports import LOOPBACK, pick_free_ports
 from allocator.postgres import ledger as verify_db
 from allocator.postgres.store import DEFAULT_MAX_CLOCK_AHEAD_MS
 from allocator.session import file as session_file

@@ -25,7 +25,7 @@ from datetime import timedelta
 import psycopg
 import pytest
 
-from allocator.local import postgres
+from allocator.local import pg_sql, postgres
 from tests.chaos.harness import ChaosCluster, chaos_consumers, now_utc, wait_for
 
 pytestmark = pytest.mark.integration
@@ -108,7 +108,7 @@ def test_failover_to_an_asynchronous_standby_loses_acknowledged_claims() -> None
             conn.execute("ALTER SYSTEM SET synchronous_standby_names = ''")
             conn.execute("SELECT pg_reload_conf()")
         wait_for(
-            lambda: postgres.sync_state(primary.port, superuser) == "async",
+            lambda: pg_sql.sync_state(primary.port, superuser) == "async",
             "replication to turn asynchronous",
         )
         consumers = chaos_consumers(
@@ -127,7 +127,7 @@ def test_failover_to_an_asynchronous_standby_loses_acknowledged_claims() -> None
             chaos.cluster.stop_postgres(mode="immediate")
             os.kill(receiver, signal.SIGKILL)
             wait_for(
-                lambda: postgres.in_recovery(standby.port, superuser) is True,
+                lambda: pg_sql.in_recovery(standby.port, superuser) is True,
                 "the standby to restart its recovery",
             )
             chaos.cluster.pg_failover()

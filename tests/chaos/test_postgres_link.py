@@ -37,7 +37,7 @@ import pytest
 
 from allocator.core.verify import check
 from allocator.drill.proxy import Proxy
-from allocator.local.ports import LOOPBACK
+from allocator.local.tcp_ports import LOOPBACK
 from allocator.zookeeper import client as zkclient
 from allocator.zookeeper.election import Contender, read_contenders
 from tests.chaos.harness import (

@@ -40,7 +40,7 @@ import pytest
 from allocator.core import verify
 from allocator.core.verify import Claim, Violation
 from allocator.local import postgres
-from allocator.local.cluster import ClusterInfo
+from allocator.local.info import ClusterInfo
 from allocator.postgres import ledger as verify_db
 from allocator.postgres.store import DEFAULT_MAX_CLOCK_AHEAD_MS
 from tests.chaos.harness import ChaosCluster, chaos_consumers, layout, wait_for

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 import pytest
 from kazoo.client import KazooClient
 
-from allocator.local.cluster import ClusterInfo
+from allocator.local.info import ClusterInfo
 from allocator.local.zookeeper import four_letter_word
 from allocator.zookeeper.election import Election, Identity, read_contenders
 

@@ -21,7 +21,7 @@ import psycopg
 import pytest
 
 from allocator.local import nodes as nodes_mod
-from allocator.local.ports import pick_free_ports
+from allocator.local.tcp_ports import pick_free_ports
 from tests.chaos.harness import ExtraNode, http_json, wait_for
 from tests.fixtures import zk
 

@@ -32,9 +32,9 @@ from allocator.core.errors import (
     PrerequisiteError,
     ServerStartError,
 )
-from allocator.local import ports as ports
-from allocator.local import postgres, processes, zookeeper
-from allocator.local.cluster import ClusterInfo, LocalCluster
+from allocator.local import postgres, processes, tcp_ports, zookeeper
+from allocator.local.cluster import LocalCluster
+from allocator.local.info import ClusterInfo
 from allocator.local.processes import is_pid_alive
 from allocator.zookeeper import client as zkclient
 
@@ -121,16 +121,16 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_picked_ports_are_distinct_and_a_taken_port_is_named() -> None:
-    picked = ports.pick_free_ports(8)
+    picked = tcp_ports.pick_free_ports(8)
     assert len(set(picked)) == 8
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        assert not ports.is_free(port)
+        assert not tcp_ports.is_free(port)
         with pytest.raises(PortInUseError, match=rf"port {port} .*PostgreSQL port"):
-            ports.ensure_free(port, "PostgreSQL port")
-    assert ports.is_free(port)
+            tcp_ports.ensure_free(port, "PostgreSQL port")
+    assert tcp_ports.is_free(port)
 
 
 def test_a_pid_is_only_signalled_while_it_runs_what_we_started(tmp_path: Path) -> None:

@@ -27,7 +27,8 @@ from kazoo.client import KazooClient
 
 from allocator.core.errors import LocalClusterError, UsageError
 from allocator.local import nodes, processes
-from allocator.local.cluster import ClusterInfo, LocalCluster, NodeInfo
+from allocator.local.cluster import LocalCluster
+from allocator.local.info import ClusterInfo, NodeInfo
 from allocator.local.processes import is_pid_alive
 from allocator.local.supervisor import BACKOFF_MAX_S, BACKOFF_MIN_S, Supervisor, _Node
 

@@ -19,7 +19,8 @@ from click.testing import CliRunner
 from allocator.cli import main
 from allocator.core.errors import UsageError
 from allocator.local import postgres
-from allocator.local.cluster import ClusterInfo, LocalCluster
+from allocator.local.cluster import LocalCluster
+from allocator.local.info import ClusterInfo
 from tests.fixtures.pg import cut, layout_blocks, take_fence
 
 EPOCH = 1

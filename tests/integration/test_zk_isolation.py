@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from kazoo.client import KazooClient
 
-from allocator.local.cluster import ClusterInfo
+from allocator.local.info import ClusterInfo
 
 pytestmark = pytest.mark.integration
 

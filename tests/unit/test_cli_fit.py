@@ -33,7 +33,8 @@ from allocator import cluster_status as status_mod
 from allocator import config as config_mod
 from allocator.commands import options
 from allocator.core import errors
-from allocator.local.cluster import ClusterInfo, LocalCluster, PostgresInfo
+from allocator.local.cluster import LocalCluster
+from allocator.local.info import ClusterInfo, PostgresInfo
 from allocator.zookeeper import client as zkclient
 from allocator.zookeeper.election import Contender, Identity
 from tests.fuzz.clikit import EXIT_CODES

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from allocator.drill.consumers import MAX_EXAMPLES, Consumers, ConsumerStats, named
-from allocator.local.ports import LOOPBACK, pick_free_ports
+from allocator.local.tcp_ports import LOOPBACK, pick_free_ports
 
 
 def test_named_consumers() -> None:

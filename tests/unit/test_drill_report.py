@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from allocator.drill import report
+from allocator.drill import report, report_png
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -262,7 +262,7 @@ def test_writes_the_three_files(tmp_path: Path, realistic: dict[str, Any]) -> No
     ]  # no temporary file left behind
     assert json.loads(files.json.read_text()) == realistic
     assert files.markdown.read_text() == report.markdown(realistic)
-    assert png_size(files.png) == (report.PNG_WIDTH_PX, report.PNG_HEIGHT_PX)
+    assert png_size(files.png) == (report_png.PNG_WIDTH_PX, report_png.PNG_HEIGHT_PX)
 
 
 def test_markdown_names_the_verdict_scenarios_and_violation(realistic: dict[str, Any]) -> None:
@@ -299,7 +299,7 @@ def test_an_empty_run_still_reports(tmp_path: Path, sparse: dict[str, Any]) -> N
     files = report.write_report(tmp_path, sparse)
 
     assert json.loads(files.json.read_text()) == sparse
-    assert png_size(files.png) == (report.PNG_WIDTH_PX, report.PNG_HEIGHT_PX)
+    assert png_size(files.png) == (report_png.PNG_WIDTH_PX, report_png.PNG_HEIGHT_PX)
     text = files.markdown.read_text()
     assert "**Verdict: PASS**" in text
     assert "No scenario ran." in text
@@ -313,4 +313,4 @@ def test_a_bare_document_still_reports(tmp_path: Path) -> None:
     files = report.write_report(tmp_path, {"nodes": [], "verdict": None, "timeline": None})
 
     assert "**Verdict: FAIL**" in files.markdown.read_text()
-    assert png_size(files.png) == (report.PNG_WIDTH_PX, report.PNG_HEIGHT_PX)
+    assert png_size(files.png) == (report_png.PNG_WIDTH_PX, report_png.PNG_HEIGHT_PX)

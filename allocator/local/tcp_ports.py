@@ -1,4 +1,5 @@
-"""Free loopback TCP ports for the embedded cluster.
+"""Free loopback TCP ports for the embedded cluster (not :mod:`allocator.node.seams`, the node's
+seams).
 
 Rules: every server of the embedded cluster listens on 127.0.0.1 only, on ports chosen at
 run time (never fixed numbers). A port is picked by binding ``127.0.0.1:0`` and reading what
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
+from collections.abc import Collection
 
 from allocator.core.errors import PortInUseError
 
@@ -29,6 +31,12 @@ def pick_free_ports(count: int, host: str = LOOPBACK) -> list[int]:
             sock.bind((host, 0))
             ports.append(int(sock.getsockname()[1]))
         return ports
+
+
+def pick_free_ports_except(count: int, exclude: Collection[int]) -> list[int]:
+    """``count`` distinct free ports, none of them in ``exclude``."""
+    picked = [p for p in pick_free_ports(count + len(exclude)) if p not in exclude]
+    return picked[:count]
 
 
 def is_free(port: int, host: str = LOOPBACK) -> bool:
