@@ -325,38 +325,42 @@ def check_confirmable(yes: bool, what: str) -> None:
         raise UsageError(f"{what}; pass --yes to confirm (stdin is not a terminal)")
 
 
-def audited_options(record: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``--reason``, ``--yes``, ``--json``, ``--database-url`` and the config options of an
-    audited operator command whose why lands in ``record``; neither ``--reason`` nor
-    ``--yes`` comes from the environment (see the module rules)."""
-
-    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        for option in reversed(
+def audited_options(
+    record: str, *, confirm: bool = True
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """``--reason``, ``--yes`` (without ``confirm``: none, as for ``pool pause``, which takes
+    nothing away that ``resume`` does not give back), ``--json``, ``--database-url`` and the
+    config options of an audited operator command whose why lands in ``record``; neither
+    ``--reason`` nor ``--yes`` comes from the environment."""
+    chosen = [
+        typed_option(
+            "--reason",
+            required=True,
+            help=f"Why (1..1000 characters); recorded with who and when in {record}.",
+        ),
+        *(
             [
-                typed_option(
-                    "--reason",
-                    required=True,
-                    help=f"Why (1..1000 characters); recorded with who and when in {record}.",
-                ),
                 typed_option(
                     "--yes",
                     is_flag=True,
                     help="Confirm without a prompt (needed when stdin is not a terminal).",
-                ),
-                click.option(
-                    "--json",
-                    "as_json",
-                    is_flag=True,
-                    show_envvar=True,
-                    help="Print one JSON object.",
-                ),
-                database_url_option(
-                    help="PostgreSQL URL of a login role granted allocator_operator. "
-                    "[default: config postgres.url]"
-                ),
-                config_options,
+                )
             ]
-        ):
+            if confirm
+            else []
+        ),
+        click.option(
+            "--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object."
+        ),
+        database_url_option(
+            help="PostgreSQL URL of a login role granted allocator_operator. "
+            "[default: config postgres.url]"
+        ),
+        config_options,
+    ]
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        for option in reversed(chosen):
             command = option(command)
         return command
 

@@ -18,7 +18,6 @@ variable left over from an earlier restore would name the wrong database.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ import click
 
 from allocator import config as config_mod
 from allocator.commands import options
-from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, config_options, exit_codes
+from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
 from allocator.commands.ranges import FiniteFloatRange
 from allocator.config import Config
 from allocator.core import redact
@@ -46,39 +45,6 @@ def _confirm(plan: list[str]) -> bool:
 @click.group("pool", epilog=exit_codes(*options.GROUP_CODES))
 def pool_group() -> None:
     """The pool of cut blocks: pause and resume claims, reset it after a database restore."""
-
-
-def operator_options(record: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-    """``--reason`` (never from the environment), ``--json``, ``--database-url`` and the
-    config options of ``pause`` and ``resume``: ``options.audited_options`` without
-    ``--yes`` (the module docstring says why)."""
-
-    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
-        for option in reversed(
-            [
-                options.typed_option(
-                    "--reason",
-                    required=True,
-                    help=f"Why (1..1000 characters); recorded with who and when in {record}.",
-                ),
-                click.option(
-                    "--json",
-                    "as_json",
-                    is_flag=True,
-                    show_envvar=True,
-                    help="Print one JSON object.",
-                ),
-                options.database_url_option(
-                    help="PostgreSQL URL of a login role granted allocator_operator. "
-                    "[default: config postgres.url]"
-                ),
-                config_options,
-            ]
-        ):
-            command = option(command)
-        return command
-
-    return decorate
 
 
 def _operator_url(
@@ -158,7 +124,7 @@ def pause_lines(done: claim_pause.Paused) -> list[str]:
     help="Seconds to wait for the claims in flight to end (the default outlasts "
     "claim_blocks' 60 s idle bound).",
 )
-@operator_options("allocator.claim_pause_history")
+@options.audited_options("allocator.claim_pause_history", confirm=False)
 def pause_command(
     timeout: float,
     reason: str,
@@ -190,7 +156,7 @@ def pause_command(
         CONFIG,
     ),
 )
-@operator_options("allocator.claim_pause_history")
+@options.audited_options("allocator.claim_pause_history", confirm=False)
 def resume_command(
     reason: str,
     as_json: bool,
