@@ -88,7 +88,7 @@ from allocator.session.file import SessionRecord
 
 log = logs.get_logger(__name__)
 
-_KAZOO_LOG = logging.getLogger("allocator.reaper.kazoo")
+_KAZOO_LOG = logging.getLogger("allocator.session.reaper.kazoo")
 _KAZOO_LOG.setLevel(logging.WARNING)  # its connect/close chatter is not news here
 BOOT_ID_PATH: Final = Path("/proc/sys/kernel/random/boot_id")
 PROC: Final = Path("/proc")

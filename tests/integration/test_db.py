@@ -1,4 +1,4 @@
-"""allocator.db against a real PostgreSQL: the node's named operations, the fence protocol
+"""allocator.postgres against a real PostgreSQL: the node's named operations, the fence protocol
 seen through them, error translation, session settings, and retention (migration 0002).
 
 Rules: the node's side runs as a throwaway login role in ``allocator_node`` (proving the

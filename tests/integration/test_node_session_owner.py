@@ -57,8 +57,9 @@ def test_a_node_holds_its_state_folders_lock_while_its_file_names_it(
     assert own.holds_lock is True
     assert own.pid_namespace == reaper.pid_namespace()
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from allocator import "
-         "session_file; print(session_file.lock_held(Path(sys.argv[1])))", str(state_dir)],
+        [sys.executable, "-c", "import sys; from pathlib import Path; "
+         "from allocator.session import file as session_file; "
+         "print(session_file.lock_held(Path(sys.argv[1])))", str(state_dir)],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert probe.stdout.strip() == "True"  # what a reaper in another process sees

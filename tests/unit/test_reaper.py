@@ -348,7 +348,7 @@ def test_a_process_in_a_new_pid_namespace_or_without_proc(
 ) -> None:
     """With its own /proc it names its own (new) namespace; with the outer /proc, or none,
     it cannot see itself and names none."""
-    code = "from allocator import reaper; print(reaper.pid_namespace())"
+    code = "from allocator.session import reaper; print(reaper.pid_namespace())"
     done = subprocess.run(
         [*wrapper, sys.executable, "-c", code],
         capture_output=True, text=True, timeout=60, check=False,

@@ -1,4 +1,4 @@
-"""The verdict on how a database replicates (``allocator.db.Replication``)."""
+"""The verdict on how a database replicates (``allocator.core.records.Replication``)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""allocator.session_file: a private, atomically replaced file; a checked folder; a removal
+"""allocator.session.file: a private, atomically replaced file; a checked folder; a removal
 that only takes the file it was asked about, never one written meanwhile (issue 19)."""
 
 from __future__ import annotations
@@ -295,8 +295,9 @@ def test_a_writer_that_holds_the_lock_says_so_and_keeps_it_until_released(
     assert raw["holds_lock"] is True
     assert session_file.lock_held(released) is True
     probe = subprocess.run(
-        [sys.executable, "-c", "import sys; from pathlib import Path; from allocator import "
-         "session_file; print(session_file.lock_held(Path(sys.argv[1])))", str(released)],
+        [sys.executable, "-c", "import sys; from pathlib import Path; "
+         "from allocator.session import file as session_file; "
+         "print(session_file.lock_held(Path(sys.argv[1])))", str(released)],
         capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     assert probe.stdout.strip() == "True"  # what another process (a reaper) sees
