@@ -17,6 +17,7 @@ import psycopg
 from psycopg_pool import PoolClosed
 
 from allocator.core.errors import AllocatorError, DatabaseError, UsageError
+from allocator.core.exits import Exit
 from allocator.postgres import errors as db_errors
 
 Range = tuple[int, int]
@@ -58,7 +59,7 @@ class PoolEmptyError(AllocatorError):
     """No ID block could be claimed: the pool is empty (AL003), or stayed empty for as long
     as a caller was willing to wait. Retry later; check ``allocator.pool_status``."""
 
-    exit_code = 75  # EX_TEMPFAIL
+    exit_code = Exit.TEMPFAIL
     sqlstate = POOL_EMPTY_SQLSTATE
 
 

@@ -2,7 +2,8 @@
 
 Rules: driver and library errors are translated into these at the boundary (keeping
 ``__cause__``), so callers and the CLI never see a raw psycopg/kazoo exception. Every error
-carries the process exit code the CLI uses for it; the message is one line a user can act on.
+carries the process exit code the CLI uses for it, a row of the one table
+(:mod:`allocator.core.exits`); the message is one line a user can act on.
 What :func:`describe` and :func:`details` return is safe to print: a driver's message that
 echoes a connection string or a registered secret comes out masked (:mod:`allocator.core.redact`).
 """
@@ -12,28 +13,34 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from allocator.core import redact
+from allocator.core.exits import Exit
 
 
 class AllocatorError(Exception):
-    """Base of every error this project raises on purpose."""
+    """Base of every error this project raises on purpose; ``exit_code`` is a row of the one
+    table (:mod:`allocator.core.exits`)."""
 
-    exit_code: int = 1
+    exit_code: int = Exit.FAILED
 
 
 class UsageError(AllocatorError):
     """Bad input from a user: a flag, an argument, a value."""
 
-    exit_code = 2
+    exit_code = Exit.USAGE
 
 
 class InvalidIdError(UsageError):
     """A value given as a Snowflake ID is not one (not an integer, negative, too large)."""
 
 
+class InvalidDurationError(UsageError):
+    """A value given as a duration is not one (:mod:`allocator.core.durations`)."""
+
+
 class ConfigError(AllocatorError):
     """A configuration value is missing or invalid; the message names the key."""
 
-    exit_code = 78  # EX_CONFIG
+    exit_code = Exit.CONFIG
 
 
 class InvalidConfigError(ConfigError):
@@ -61,19 +68,19 @@ class LayoutError(ConfigError):
 class PrerequisiteError(AllocatorError):
     """Something the machine must provide is missing (a package, a binary)."""
 
-    exit_code = 69  # EX_UNAVAILABLE
+    exit_code = Exit.UNAVAILABLE
 
 
 class ServerStartError(AllocatorError):
     """A server we started (ZooKeeper, PostgreSQL) did not come up; carries its log tail."""
 
-    exit_code = 70  # EX_SOFTWARE
+    exit_code = Exit.SOFTWARE
 
 
 class PortInUseError(AllocatorError):
     """A TCP port a server must listen on is taken; the message names the port."""
 
-    exit_code = 75  # EX_TEMPFAIL
+    exit_code = Exit.TEMPFAIL
 
 
 class LocalClusterError(AllocatorError):
@@ -89,7 +96,21 @@ class DatabaseUnavailableError(DatabaseError):
     shutdown, deadlock. Retryable. After a write, its outcome is unknown (it may have
     committed): re-read the high-water mark before cutting again."""
 
-    exit_code = 75  # EX_TEMPFAIL
+    exit_code = Exit.TEMPFAIL
+
+
+class DatabaseLoginError(ConfigError, DatabaseUnavailableError):
+    """PostgreSQL refused the login: a wrong or missing password, a role that does not exist
+    or may not log in, no ``pg_hba.conf`` line for it. A configuration error (exit 78) naming
+    ``role`` (None when unknown): a retry with the same settings fails the same way. It is
+    also a :class:`DatabaseUnavailableError`, so a running node or client treats it as a
+    database it cannot use (it keeps probing and says why) instead of stopping."""
+
+    exit_code = Exit.CONFIG
+
+    def __init__(self, message: str, *, role: str | None) -> None:
+        super().__init__(message)
+        self.role = role
 
 
 class DatabaseBehindError(DatabaseError):
@@ -132,14 +153,14 @@ class BehindHighWaterError(FenceError):
 class InvalidBatchError(AllocatorError):
     """AL103: the database rejected the arguments of a node write (a bug in the caller)."""
 
-    exit_code = 70  # EX_SOFTWARE
+    exit_code = Exit.SOFTWARE
     sqlstate = "AL103"
 
 
 class LayoutMismatchError(AllocatorError):
     """AL104: the node's layout or datacenter differs from the one the database recorded."""
 
-    exit_code = 78  # EX_CONFIG: the node's [layout] / cluster.datacenter_id must be fixed
+    exit_code = Exit.CONFIG  # the node's [layout] / cluster.datacenter_id must be fixed
     sqlstate = "AL104"
 
 
@@ -147,7 +168,7 @@ class ClockAheadError(AllocatorError):
     """AL105: a block lies past the database clock plus the allowed lead (the node's clock
     runs ahead of the database server's)."""
 
-    exit_code = 75  # EX_TEMPFAIL
+    exit_code = Exit.TEMPFAIL
     sqlstate = "AL105"
 
 
@@ -163,7 +184,7 @@ class ClockBehindError(AllocatorError):
     Cutting stops (I5); the leader raises an alert and keeps serving the existing pool.
     """
 
-    exit_code = 75  # EX_TEMPFAIL: the clock may catch up
+    exit_code = Exit.TEMPFAIL  # the clock may catch up
 
     def __init__(self, message: str, *, now_ms: int, mark_ms: int, bound_ms: int) -> None:
         super().__init__(message)
@@ -179,13 +200,20 @@ class ClockBehindError(AllocatorError):
 class TimeRangeExhaustedError(AllocatorError):
     """No ID can be cut: the next one would need a millisecond past the layout's time range."""
 
-    exit_code = 78  # EX_CONFIG: only another layout (a new cluster) can continue
+    exit_code = Exit.CONFIG  # only another layout (a new cluster) can continue
 
 
 class ZooKeeperUnavailableError(AllocatorError):
     """No ZooKeeper server answered in time."""
 
-    exit_code = 75  # EX_TEMPFAIL
+    exit_code = Exit.TEMPFAIL
+
+
+class LeaderUnavailableError(AllocatorError):
+    """No leader answered: none in the election, its admin address unreachable, or it no
+    longer leads. Retryable."""
+
+    exit_code = Exit.TEMPFAIL
 
 
 class WriteAbandonedError(AllocatorError):

@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from allocator.core.errors import AllocatorError
+from allocator.core.exits import Exit
 from allocator.postgres import operator as db
 
 POLL_S = 0.05
@@ -37,7 +38,7 @@ been ended by the server before the pause gives up on it."""
 class ClaimsStillOpenError(AllocatorError):
     """Claims are paused, but claims begun before the pause were still open at the timeout."""
 
-    exit_code = 75  # EX_TEMPFAIL: they end by themselves, or an operator ends them
+    exit_code = Exit.TEMPFAIL  # they end by themselves, or an operator ends them
 
     def __init__(self, message: str, *, pause: db.Pause, still_open: list[db.ClaimInFlight]):
         super().__init__(message)

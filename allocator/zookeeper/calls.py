@@ -22,6 +22,7 @@ from kazoo.interfaces import IAsyncResult
 
 from allocator.config import Config
 from allocator.core.errors import AllocatorError, ConfigError, ZooKeeperUnavailableError
+from allocator.core.exits import Exit
 from allocator.zookeeper import client as zkclient
 
 KAZOO_LOG = logging.getLogger(__name__ + ".kazoo")
@@ -83,7 +84,7 @@ def wait(pending: IAsyncResult, config: Config) -> Any:
 class ZooKeeperCallTimeoutError(AllocatorError):
     """A ZooKeeper call got no answer within its bound (the connection is probably down)."""
 
-    exit_code = 75  # EX_TEMPFAIL
+    exit_code = Exit.TEMPFAIL
 
 
 def bounded(pending: IAsyncResult, timeout_s: float) -> Any:
