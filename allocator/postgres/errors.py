@@ -9,10 +9,14 @@ Rules:
 - SQLSTATE AL100 → :class:`FencedError`, AL101 → :class:`StaleTakeoverError`, AL102 →
   :class:`BehindHighWaterError`, AL103 → :class:`InvalidBatchError` (a bug), AL104 →
   :class:`LayoutMismatchError`, AL105 → :class:`ClockAheadError`, AL106 →
-  :class:`InvalidRequestError`; connection failures, lock and statement timeouts, server
-  shutdowns, deadlocks and serialization failures → :class:`DatabaseUnavailableError`
-  (retryable; after a write the outcome is unknown); a missing or older schema →
-  :class:`DatabaseError` naming ``allocator migrate``; anything else → :class:`DatabaseError`.
+  :class:`InvalidRequestError`; a login the server refuses (SQLSTATE 28P01 / 28000, or
+  libpq's message for it on a failed connection: a wrong or missing password, a role that
+  does not exist or may not log in, no ``pg_hba.conf`` entry) → :class:`DatabaseLoginError`
+  (a configuration error, exit 78, naming the role); other connection failures, lock and
+  statement timeouts, server shutdowns, deadlocks and serialization failures →
+  :class:`DatabaseUnavailableError` (retryable; after a write the outcome is unknown); a
+  missing or older schema → :class:`DatabaseError` naming ``allocator migrate``; anything
+  else → :class:`DatabaseError`.
 - Imports only psycopg, psycopg_pool and :mod:`allocator.core.errors`: the client-only install
   (``pip install allocator``, without the ``node`` extra) imports this module, so it must
   never pull in the node's dependencies (configuration, ZooKeeper, Alembic, ...).
@@ -20,6 +24,7 @@ Rules:
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
@@ -31,6 +36,7 @@ from allocator.core.errors import (
     BehindHighWaterError,
     ClockAheadError,
     DatabaseError,
+    DatabaseLoginError,
     DatabaseUnavailableError,
     FencedError,
     InvalidBatchError,
@@ -62,6 +68,15 @@ _UNAVAILABLE: Mapping[str, str] = {
 }
 # The schema is missing or older than this code.
 _SCHEMA_MISSING = frozenset({"3F000", "42P01", "42883"})
+# invalid_password, invalid_authorization_specification: the server refused the login.
+_LOGIN_REFUSED = frozenset({"28P01", "28000"})
+# What libpq reports, without a SQLSTATE, when the server refuses a login while connecting.
+_LOGIN_MESSAGES = re.compile(
+    r"authentication failed|no password supplied|password is required|"
+    r'role "[^"]*" does not exist|is not permitted to log in|no pg_hba\.conf entry|'
+    r"pg_hba\.conf rejects connection"
+)
+_ROLE_IN_MESSAGE = re.compile(r'(?:user|role) "([^"]*)"')
 
 
 def translate(exc: psycopg.Error, what: str) -> AllocatorError:
@@ -74,6 +89,16 @@ def translate(exc: psycopg.Error, what: str) -> AllocatorError:
         return DatabaseError(f"{what}: the node's database pool is closed")
     if state in _UNAVAILABLE:
         return DatabaseUnavailableError(f"{what}: {_UNAVAILABLE[state]}")
+    if state in _LOGIN_REFUSED or (
+        not state and isinstance(exc, psycopg.OperationalError) and _LOGIN_MESSAGES.search(str(exc))
+    ):
+        role = _role_of(exc)
+        who = f"role {role!r}" if role else "the configured role"
+        return DatabaseLoginError(
+            f"{what}: PostgreSQL refused the login of {who} (fix the user or password of "
+            "the database URL, PGPASSWORD / PGPASSFILE, or the server's pg_hba.conf)",
+            role=role,
+        )
     if (not state and isinstance(exc, psycopg.OperationalError)) or state.startswith("08"):
         return DatabaseUnavailableError(f"{what}: PostgreSQL is unreachable")
     if state in _SCHEMA_MISSING:
@@ -82,6 +107,17 @@ def translate(exc: psycopg.Error, what: str) -> AllocatorError:
             "(run `allocator migrate`)"
         )
     return DatabaseError(f"{what} failed")
+
+
+def _role_of(exc: psycopg.Error) -> str | None:
+    """The role a refused login tried: libpq's own record of the attempt, else the name the
+    server's message quotes."""
+    pgconn = getattr(exc, "pgconn", None)
+    user = getattr(pgconn, "user", None)
+    if isinstance(user, bytes) and user:
+        return user.decode("utf-8", errors="replace")
+    found = _ROLE_IN_MESSAGE.search(str(exc))
+    return found.group(1) if found else None
 
 
 @contextmanager

@@ -6,6 +6,9 @@ their SQL through :func:`run_sql_file`, which hands a whole file to the driver w
 parameter parsing (PL/pgSQL uses ``:=`` and ``%``). Database URLs are plain libpq-style
 ``postgresql://`` URLs everywhere in the project, multi-host ones included: libpq opens the
 connection (:func:`engine`), SQLAlchemy never parses the URL (it takes one host only).
+A database that cannot be reached, or refuses the login, is the error every command gives
+for it (:func:`allocator.postgres.errors.translate`: exit 75, or 78 naming the role); any
+other failure is a :class:`MigrationError` with the database's reason as its cause.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, pool
 from sqlalchemy.exc import DBAPIError, SQLAlchemyError
 
-from allocator.core.errors import AllocatorError
+from allocator.core.errors import AllocatorError, DatabaseUnavailableError
+from allocator.postgres.errors import translate
 
 # The repository's migrations/ folder, installed as the package ``allocator.migrations``.
 _PACKAGE = Path(__file__).resolve().parents[1]  # allocator/
@@ -83,7 +87,7 @@ def current_revision(url: str) -> str | None:
         with reader.connect() as connection:
             return MigrationContext.configure(connection).get_current_revision()
     except SQLAlchemyError as exc:
-        raise MigrationError("cannot read the schema version") from _driver_error(exc)
+        raise _failure(_driver_error(exc), "read the schema version") from _driver_error(exc)
     finally:
         reader.dispose()
 
@@ -112,9 +116,19 @@ def _run(action: Callable[[], None], what: str) -> None:
     try:
         action()
     except SQLAlchemyError as exc:
-        raise MigrationError(f"schema {what} failed") from _driver_error(exc)
+        raise _failure(_driver_error(exc), f"schema {what}") from _driver_error(exc)
     except psycopg.Error as exc:  # a version's SQL file, run on the driver connection
-        raise MigrationError(f"schema {what} failed") from exc
+        raise _failure(exc, f"schema {what}") from exc
+
+
+def _failure(cause: BaseException, what: str) -> AllocatorError:
+    """What a failed step raises: the database's unavailability or refused login as every
+    command reports it, else a :class:`MigrationError`."""
+    if isinstance(cause, psycopg.Error):
+        translated = translate(cause, what)
+        if isinstance(translated, DatabaseUnavailableError):
+            return translated
+    return MigrationError(f"{what} failed")
 
 
 def _driver_error(exc: SQLAlchemyError) -> BaseException:

@@ -37,7 +37,9 @@ Rules:
   :class:`ClockAheadError`, AL106 → :class:`InvalidRequestError`; connection failures, pool
   timeouts, lock and statement timeouts, server shutdowns, deadlocks and serialization failures →
   :class:`DatabaseUnavailableError` (retryable; after a write the outcome is unknown, since
-  the commit may have happened: re-read the high-water mark); anything else →
+  the commit may have happened: re-read the high-water mark); a login the server refuses →
+  :class:`DatabaseLoginError` (also a :class:`DatabaseUnavailableError`; :meth:`open` finds
+  it out with one connection of its own, as the pool only logs it); anything else →
   :class:`DatabaseError`.
 - Operators' calls are :mod:`allocator.postgres.operator`'s; the values returned,
   :mod:`allocator.core.records`'.
@@ -62,6 +64,8 @@ from allocator.core import logs
 from allocator.core.errors import (
     DatabaseBehindError,
     DatabaseError,
+    DatabaseLoginError,
+    DatabaseUnavailableError,
     InvalidBatchError,
     WriteAbandonedError,
 )
@@ -78,7 +82,7 @@ from allocator.core.records import (
 )
 from allocator.fence import BIGINT_MAX, Token, Watermark, database_behind
 from allocator.postgres import sql
-from allocator.postgres.errors import translated
+from allocator.postgres.errors import translate, translated
 
 log = logs.get_logger(__name__)
 
@@ -173,7 +177,9 @@ class NodeDatabase:
     def open(self, timeout: float | None = None) -> None:
         """Create the pool and wait up to ``timeout`` s (default: the connect timeout) for
         its ``pool_min_size`` connections. Raises :class:`DatabaseUnavailableError` (the pool
-        is then closed again; the pool's log says why connecting failed)."""
+        is then closed again; the pool's log says why connecting failed), or
+        :class:`DatabaseLoginError` when one direct connection, tried then, shows that the
+        server refuses the login (a configuration error, exit 78, like every command's)."""
         if self._pool is not None:
             return
         timeout = self._config.connect_timeout_s if timeout is None else timeout
@@ -188,12 +194,18 @@ class NodeDatabase:
             name=self._application_name,
             timeout=self._config.connect_timeout_s,
         )
+        failed: DatabaseUnavailableError | None = None
         try:
             with translated("open the node database pool"):
                 pool.open(wait=True, timeout=timeout)
+        except DatabaseUnavailableError as exc:
+            pool.close()
+            failed = exc
         except BaseException:
             pool.close()
             raise
+        if failed is not None:  # outside the handler: the login's error is not chained to it
+            raise self._refused_login() or failed
         self._pool = pool
         log.info(
             "db_pool_opened",
@@ -201,6 +213,20 @@ class NodeDatabase:
             min_size=self._config.pool_min_size,
             max_size=self._config.pool_max_size,
         )
+
+    def _refused_login(self) -> DatabaseLoginError | None:
+        """Why the pool could not connect, when it is a refused login (the pool only logs
+        its connection errors): one connection of our own, translated."""
+        try:
+            psycopg.connect(
+                self._config.url.get_secret_value(), **connection_kwargs(self._config)
+            ).close()
+        except psycopg.Error as exc:
+            found = translate(exc, "open the node database pool")
+            if isinstance(found, DatabaseLoginError):
+                found.__cause__ = exc
+                return found
+        return None
 
     def close(self, timeout: float = 5.0) -> None:
         """Close the pool; connections in use are closed when they are returned."""

@@ -6,6 +6,7 @@ import psycopg
 import pytest
 from alembic import command
 
+from allocator.core.errors import DatabaseUnavailableError
 from allocator.postgres import migrate
 from tests.fixtures.pg import claim, cut, take_fence
 
@@ -197,8 +198,9 @@ def test_bad_url_is_a_clear_error() -> None:
 
 
 def test_unreachable_database_is_a_clear_error(unused_tcp_port: int) -> None:
+    """As every command reports it (exit 75, retry later), not as a failed migration."""
     url = f"postgresql://nobody@127.0.0.1:{unused_tcp_port}/nothing?connect_timeout=2"
-    with pytest.raises(migrate.MigrationError, match="schema upgrade failed"):
+    with pytest.raises(DatabaseUnavailableError, match="schema upgrade: PostgreSQL is unreachable"):
         migrate.upgrade_to_head(url)
 
 

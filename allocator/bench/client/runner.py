@@ -40,7 +40,7 @@ from allocator.bench.client.claimer import RecordingClaimer
 from allocator.bench.client.results import LatencyResult, ThroughputResult
 from allocator.bench.client.timing import CHUNK_CALLS, no_op, time_calls, timer_overhead_ns
 from allocator.client import IdClient
-from allocator.core.errors import AllocatorError, DatabaseUnavailableError
+from allocator.core.errors import AllocatorError, DatabaseLoginError, DatabaseUnavailableError
 from allocator.postgres.errors import translate
 
 DEFAULT_POOL_BLOCKS = 16_384
@@ -82,6 +82,9 @@ def wait_for_pool(url: str, blocks: int) -> None:
                         break
                     time.sleep(POOL_POLL_S)
         except psycopg.OperationalError as exc:
+            found = translate(exc, "read the pool level")
+            if isinstance(found, DatabaseLoginError):  # no retry can help: exit 78 at once
+                raise found from exc
             if time.monotonic() > deadline:
                 raise DatabaseUnavailableError(
                     "read the pool level: PostgreSQL is unreachable"
