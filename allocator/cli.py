@@ -1,10 +1,13 @@
 """The ``allocator`` console script.
 
 Rules: one click group; each command lives in ``allocator.commands.<name>`` and is
-registered here. Errors derived from :class:`allocator.core.errors.AllocatorError` print one line
-(``error: <message>: <cause>``) on stderr and exit with the error's code; no tracebacks for
-expected failures; an error line never holds a line break or a control character (they are
-escaped: :func:`one_line`). Every line the CLI prints about an error (click's usage errors, an
+registered here. Exit codes are the one table's (:mod:`allocator.core.exits`, printed by
+``allocator --help``): errors derived from :class:`allocator.core.errors.AllocatorError`
+print one line (``error: <message>: <cause>``) on stderr and exit with the error's code;
+click's own usage errors (an unknown option, a bad value) exit 64 like ours; an unexpected
+exception (a bug) prints its traceback and exits 70; no tracebacks for expected failures; an
+error line never holds a line break or a control character (they are escaped:
+:func:`one_line`). Every line the CLI prints about an error (click's usage errors, an
 unexpected exception's traceback too) and every log line has its secrets masked
 (:mod:`allocator.core.redact`). kazoo's own log is quiet below ERROR in every command but
 ``run`` (a node logs its reconnects): its retry chatter, a WARNING per refused connection,
@@ -42,8 +45,9 @@ from typing import Any
 import click
 
 from allocator import __version__
-from allocator.commands.options import GROUP_CODES, exit_codes
+from allocator.commands.options import exit_table
 from allocator.core import errors, logs, redact
+from allocator.core.exits import Exit
 
 
 def one_line(text: str) -> str:
@@ -59,10 +63,11 @@ class _Group(click.Group):
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:  # the group's own options: one line too
+            _exit_with_usage_code(exc)
             safe = one_line(redact.redact(exc.format_message()))
-            if safe == exc.format_message():
+            if safe == exc.format_message() or _is_help(exc):
                 raise
-            raise click.UsageError(safe, ctx=exc.ctx) from None
+            raise _usage_error(safe, exc.ctx) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -76,10 +81,12 @@ class _Group(click.Group):
             # A usage error may quote the bad value, which may hold a secret, or a line break.
             message = exc.format_message()
             safe = one_line(redact.redact(message))
-            if safe == message:
+            if isinstance(exc, click.UsageError):
+                _exit_with_usage_code(exc)
+            if safe == message or _is_help(exc):
                 raise
             if isinstance(exc, click.UsageError):
-                raise click.UsageError(safe, ctx=exc.ctx) from None
+                raise _usage_error(safe, exc.ctx) from None
             raise click.ClickException(safe) from None
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
@@ -88,13 +95,33 @@ class _Group(click.Group):
         except Exception:
             # A bug: the traceback helps, but a driver's message in it may echo a secret.
             click.echo(redact.redact(traceback.format_exc()).rstrip(), err=True)
-            sys.exit(1)
+            sys.exit(Exit.SOFTWARE)
+
+
+def _usage_error(message: str, ctx: click.Context | None) -> click.UsageError:
+    """click's usage error with ``message``, exiting with the table's usage code."""
+    error = click.UsageError(message, ctx=ctx)
+    _exit_with_usage_code(error)
+    return error
+
+
+def _is_help(error: click.ClickException) -> bool:
+    """A group called without a command: click prints its help (not one error line)."""
+    no_args = getattr(click.exceptions, "NoArgsIsHelpError", None)  # click >= 8.2
+    return no_args is not None and isinstance(error, no_args)
+
+
+def _exit_with_usage_code(error: click.UsageError) -> None:
+    """Make click's ``main`` exit with 64 (EX_USAGE) for ``error`` rather than its own 2: the
+    code is read from the instance (click declares a class default; ``show`` is unchanged,
+    so a group called without a command still prints its help)."""
+    setattr(error, "exit_code", Exit.USAGE)  # noqa: B010 (click types it as a ClassVar)
 
 
 @click.group(
     cls=_Group,
     context_settings={"auto_envvar_prefix": "ALLOCATOR", "show_default": True},
-    epilog=exit_codes(*GROUP_CODES),
+    epilog=exit_table(),
 )
 @click.version_option(__version__, prog_name="allocator")
 @click.pass_context

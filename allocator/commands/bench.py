@@ -29,13 +29,19 @@ from allocator.commands.options import (
     ExitCode,
     exit_codes,
 )
+from allocator.core.exits import Exit
 
 BENCH_CODES: tuple[ExitCode, ...] = (
-    (0, "measured: the table (or JSON) printed and the JSON written; timings are never judged"),
+    (
+        Exit.OK,
+        "measured: the table (or JSON) printed and the JSON written; timings are never judged",
+    ),
     USAGE,
     INTERRUPTED,
     OTHER,
     *EMBEDDED_CLUSTER,
+    (Exit.TEMPFAIL, "the --database-url server is unreachable: retry later"),
+    (Exit.CONFIG, "the --database-url server refused the login (the role named)"),
 )
 """Every bench's exit codes (each may start an embedded cluster of its own)."""
 

@@ -14,10 +14,13 @@ Rules:
   ``batch``, ``ratio_vs``, ``prior_claims`` and more) written to ``--json-out`` (default
   ``<state-dir>/bench-claims-<UTC time>.json``). Progress goes to stderr. Timings are
   reported next to the issue's targets, never judged; the machine's load is recorded.
+- ``--duration`` is each measured run's length, whole seconds with a unit (``10s``,
+  ``1m``: pgbench's ``-T``); the old ``--seconds`` (a number) still works and warns.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import click
@@ -27,9 +30,7 @@ from allocator.bench.claims import report, runner
 from allocator.bench.claims.plan import Plan
 from allocator.commands import options
 from allocator.commands.bench import BENCH_CODES, bench, emit, interruptible
-from allocator.commands.options import (
-    exit_codes,
-)
+from allocator.commands.options import SECOND, Duration, exit_codes
 
 DEFAULT_STATE_DIR = Path(".run/bench-claims")
 
@@ -54,12 +55,15 @@ def _counts(text: str, option: str, upper: int) -> tuple[int, ...]:
     show_envvar=True,
     help="Comma-separated pgbench client counts, one run per method each.",
 )
-@click.option(
-    "--seconds",
-    type=click.IntRange(1, 600),
-    default=10,
-    show_envvar=True,
-    help="Length of each measured run.",
+@options.duration_option(
+    "--duration",
+    kind=Duration(minimum=SECOND, maximum=600 * SECOND, step=SECOND),
+    default=10 * SECOND,
+    into="seconds",
+    convert=timedelta.total_seconds,
+    old_flag="--seconds",
+    old_unit="s",
+    help="Length of each measured run, in whole seconds (10s, 1m).",
 )
 @click.option(
     "--batch",
@@ -95,7 +99,7 @@ def _counts(text: str, option: str, upper: int) -> tuple[int, ...]:
 @options.bench_output_options("bench-claims")
 def claims(
     clients: str,
-    seconds: int,
+    seconds: float,
     batch: str,
     prior_claims: int,
     prior_clients: str | None,
@@ -110,7 +114,7 @@ def claims(
     client_counts = _counts(clients, "--clients", 500)
     plan = Plan(
         clients=client_counts,
-        seconds=float(seconds),
+        seconds=seconds,
         batches=_counts(batch, "--batch", 1000),
         prior_claims=prior_claims,
         prior_clients=(

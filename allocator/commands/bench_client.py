@@ -13,10 +13,13 @@ Rules:
 - Output: a table on stdout (``--json``: the JSON instead), the JSON written to
   ``--json-out`` (default ``<state-dir>/bench-client-<UTC time>.json``). Progress goes to
   stderr. Timings are reported, never judged; the machine's load is recorded with them.
+- ``--duration`` is each run's length (``5s``, ``500ms``); the old ``--seconds`` (a number)
+  still works and warns.
 """
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
 
 import click
@@ -27,9 +30,7 @@ from allocator.bench.client import report, runner
 from allocator.bench.client.runner import DEFAULT_POOL_BLOCKS
 from allocator.commands import options
 from allocator.commands.bench import BENCH_CODES, bench, emit, interruptible
-from allocator.commands.options import (
-    exit_codes,
-)
+from allocator.commands.options import SECOND, Duration, exit_codes
 from allocator.commands.ranges import FiniteFloatRange
 
 DEFAULT_STATE_DIR = Path(".run/bench")
@@ -44,12 +45,15 @@ DEFAULT_STATE_DIR = Path(".run/bench")
     "[default: an embedded cluster in --state-dir]"
 )
 @options.state_dir_option(DEFAULT_STATE_DIR)
-@click.option(
-    "--seconds",
-    type=FiniteFloatRange(0.1, 600),
-    default=5.0,
-    show_envvar=True,
-    help="Length of each run.",
+@options.duration_option(
+    "--duration",
+    kind=Duration(minimum=SECOND / 10, maximum=600 * SECOND),
+    default=5 * SECOND,
+    into="seconds",
+    convert=timedelta.total_seconds,
+    old_flag="--seconds",
+    old_unit="s",
+    help="Length of each run (5s, 500ms).",
 )
 @click.option(
     "--threads",

@@ -15,6 +15,8 @@ Rules:
   ``--json-out`` (default ``<state-dir>/bench-slow-consumer-<UTC time>.json``). Progress
   goes to stderr. Timings are reported next to the target, never judged; the machine's
   load is recorded with them.
+- ``--status-every`` takes a number with a unit (``100ms``, ``1s``); the old
+  ``--status-every-ms`` (a number) still works and warns.
 """
 
 from __future__ import annotations
@@ -28,9 +30,8 @@ from allocator.bench.slow_consumer import report, runner
 from allocator.bench.slow_consumer.plan import HEAD, OLD_REVISION, Plan
 from allocator.commands import options
 from allocator.commands.bench import BENCH_CODES, bench, emit, interruptible
-from allocator.commands.options import (
-    exit_codes,
-)
+from allocator.commands.options import MILLISECOND, SECOND, Duration, exit_codes
+from allocator.core import durations
 
 DEFAULT_STATE_DIR = Path(".run/bench-slow-consumer")
 
@@ -74,12 +75,15 @@ DEFAULT_STATE_DIR = Path(".run/bench-slow-consumer")
     show_envvar=True,
     help="Claims between two leader ticks (requeue_stranded, then the refill).",
 )
-@click.option(
-    "--status-every-ms",
-    type=click.IntRange(1, 60_000),
-    default=Plan.status_every_ms,
-    show_envvar=True,
-    help="Milliseconds between two reads of pool_status by the monitoring reader.",
+@options.duration_option(
+    "--status-every",
+    kind=Duration(maximum=60 * SECOND, step=MILLISECOND),
+    default=Plan.status_every_ms * MILLISECOND,
+    into="status_every_ms",
+    convert=durations.milliseconds,
+    old_flag="--status-every-ms",
+    old_unit="ms",
+    help="Time between two reads of pool_status by the monitoring reader (100ms, 1s).",
 )
 @click.option(
     "--pool-blocks",

@@ -14,11 +14,12 @@ Rules:
   with ``--json``, ``{"consumer", "requested", "blocks": [{"block_id", "first_id",
   "last_id", "size"}]}``. When the pool runs short the call returns fewer blocks than asked
   (exit 0, a note on stderr).
-- Exit status: 0 claimed at least one block; 2 bad arguments (``--count`` outside 1..1000,
-  a consumer name the database refuses: AL001/AL002); 75 (EX_TEMPFAIL) the pool is empty
-  (AL003), claims are paused by an operator (AL004) or PostgreSQL is unreachable, retry
-  later; 78 bad configuration; 1 any other
-  error. Errors are one line on stderr.
+- Exit status (rows of :mod:`allocator.core.exits`): 0 claimed at least one block; 64 bad
+  arguments (``--count`` outside 1..1000, a consumer name the database refuses:
+  AL001/AL002); 75 (EX_TEMPFAIL) the pool is empty (AL003), claims are paused by an
+  operator (AL004) or PostgreSQL is unreachable, retry later; 78 bad configuration or a
+  login PostgreSQL refuses (the role named); 1 any other error. Errors are one line on
+  stderr.
 """
 
 from __future__ import annotations
@@ -32,20 +33,24 @@ from allocator import client
 from allocator import config as config_mod
 from allocator.commands import options
 from allocator.commands.options import CONFIG, OTHER, USAGE, config_options, exit_codes
+from allocator.core.exits import Exit
 
 
 @click.command(
     "claim",
     epilog=exit_codes(
-        (0, "claimed at least one block (fewer than --count when the pool ran short: a note)"),
-        (2, "a consumer name the database refuses (AL001/AL002)"),
+        (
+            Exit.OK,
+            "claimed at least one block (fewer than --count when the pool ran short: a note)",
+        ),
+        (Exit.USAGE, "a consumer name the database refuses (AL001/AL002)"),
         USAGE,
         (
-            75,
+            Exit.TEMPFAIL,
             "the pool is empty (AL003), claims are paused (AL004) or PostgreSQL is "
             "unreachable: retry later",
         ),
-        (CONFIG[0], "invalid configuration (every problem named)"),
+        CONFIG,
         OTHER,
     ),
 )

@@ -2,15 +2,16 @@
 
 Rules: the output is the *effective* configuration (defaults, file, ``ALLOCATOR_*``
 variables and ``--set`` flags merged) with secrets masked; it never prints a secret. An
-invalid configuration exits 78 (EX_CONFIG) and lists every problem on stderr, one line
-each, naming its key, value and source (other commands show the same as a single line);
-with ``--json`` stdout also gets ``{"valid": false, "errors": [...]}``. A file that cannot
-be read, or a malformed ``--set``, is one error line as usual. ``--database`` also connects
-to ``postgres.url`` (the only check that does) and treats standbys that no commit waits for
-as a problem (exit 78) unless ``postgres.allow_async_replication`` is set, which is always
-warned about. A configuration without ``zookeeper.auth`` gets a warning line: with
-``zookeeper.insecure`` that a node would run without ZooKeeper ACLs, without it that
-``allocator run`` refuses to start.
+invalid configuration exits 78 (EX_CONFIG) and lists every problem on stderr, one line each,
+naming its key, value and source (other commands show the same as a single line); with
+``--json`` stdout also gets ``{"valid": false, "errors": [...]}``. A file that cannot be
+read, or a malformed ``--set``, is one error line as usual. ``--database`` also connects to
+``postgres.url`` (the only check that does) and treats standbys that no commit waits for as
+a problem (exit 78) unless ``postgres.allow_async_replication`` is set, which is always
+warned about; a database it cannot reach is a problem that exits 75 (retry later), one that
+refuses the login 78 (the role named), as for every command. A configuration without
+``zookeeper.auth`` gets a warning line: with ``zookeeper.insecure`` that a node would run
+without ZooKeeper ACLs, without it that ``allocator run`` refuses to start.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from allocator.commands.options import GROUP_CODES, OTHER, USAGE, config_options
 from allocator.config import runway
 from allocator.core import errors
 from allocator.core.errors import AllocatorError, InvalidConfigError
+from allocator.core.exits import Exit
 from allocator.core.layout import format_utc_ms
 from allocator.core.records import Replication
 from allocator.postgres.operator import read_pool_status, read_replication
@@ -50,13 +52,14 @@ def config() -> None:
 @config.command(
     "check",
     epilog=exit_codes(
-        (0, "the configuration is valid (warnings, if any, on stderr)"),
-        (2, "a malformed --set"),
+        (Exit.OK, "the configuration is valid (warnings, if any, on stderr)"),
+        (Exit.USAGE, "a malformed --set"),
         USAGE,
+        (Exit.TEMPFAIL, "--database: the database is unreachable (retry later)"),
         (
-            78,
+            Exit.CONFIG,
             "invalid (every problem listed), a file that cannot be read, or --database found "
-            "a problem (asynchronous standbys, unreachable)",
+            "a problem (asynchronous standbys, a login refused)",
         ),
         OTHER,
     ),
@@ -88,7 +91,7 @@ def check(
             click.echo(f"  {problem}", err=True)
         raise click.exceptions.Exit(exc.exit_code) from exc
     ends_at = format_utc_ms(loaded.layout.ends_at_ms)
-    warnings, problems, replication = _replication_findings(loaded, probe_database)
+    warnings, problems, replication, probe_error = _replication_findings(loaded, probe_database)
     claim_rate = _claim_rate(loaded) if replication is not None else None
     warnings = zkclient.warnings(loaded) + runway.config_warnings(loaded) + warnings
     if replication is not None and claim_rate is not None:
@@ -120,7 +123,8 @@ def check(
         for problem in problems:
             click.echo(f"error: {problem}", err=True)
     if problems:
-        raise click.exceptions.Exit(InvalidConfigError.exit_code)
+        code = probe_error.exit_code if probe_error else InvalidConfigError.exit_code
+        raise click.exceptions.Exit(code)
 
 
 def _claim_rate(loaded: config_mod.Config) -> float | None:
@@ -137,8 +141,9 @@ def _claim_rate(loaded: config_mod.Config) -> float | None:
 
 def _replication_findings(
     loaded: config_mod.Config, probe_database: bool
-) -> tuple[list[str], list[str], Replication | None]:
-    """(warnings, problems, the database's replication if probed)."""
+) -> tuple[list[str], list[str], Replication | None, AllocatorError | None]:
+    """(warnings, problems, the database's replication if probed, the error that kept it
+    from being probed: its exit code is the command's)."""
     allowed = loaded.postgres.allow_async_replication
     warnings = []
     if allowed:
@@ -147,21 +152,22 @@ def _replication_findings(
             "commits, and a failover to such a standby can hand out IDs twice"
         )
     if not probe_database:
-        return warnings, [], None
+        return warnings, [], None, None
     try:
         replication = read_replication(
             loaded.postgres.url.get_secret_value(),
             connect_timeout_s=loaded.postgres.connect_timeout_s,
         )
     except AllocatorError as exc:
-        return warnings, [f"postgres.url: cannot check replication: {errors.describe(exc)}"], None
+        problem = f"postgres.url: cannot check replication: {errors.describe(exc)}"
+        return warnings, [problem], None, exc
     if replication.asynchronous and not allowed:
         problem = (
             f"the database replicates asynchronously ({replication.describe()}): nodes will "
             "not cut; make a standby synchronous (synchronous_standby_names, synchronous_commit "
             "on) or set postgres.allow_async_replication"
         )
-        return warnings, [problem], replication
+        return warnings, [problem], replication, None
     if replication.asynchronous:
         warnings.append(f"the database replicates asynchronously ({replication.describe()})")
-    return warnings, [], replication
+    return warnings, [], replication, None

@@ -1,7 +1,7 @@
 """``allocator decode ID``: show the fields of a Snowflake ID under the configured layout.
 
 Rules: the ID is validated before the configuration is loaded, so a bad ID is reported as
-such (non-integer, negative, larger than 2^63-1: one line, exit 2). A leading ``-`` is read
+such (non-integer, negative, larger than 2^63-1: one line, exit 64). A leading ``-`` is read
 as part of the ID, not as a flag, so ``decode -5`` reports a negative ID. The time shown is
 when the ID's block was cut, not when the ID was handed out. ``--json`` prints exactly the
 stable keys of DESIGN §10.
@@ -17,14 +17,15 @@ import click
 from allocator import config as config_mod
 from allocator.commands.options import CONFIG, OTHER, USAGE, config_options, exit_codes
 from allocator.core import layout
+from allocator.core.exits import Exit
 
 
 @click.command(
     "decode",
     context_settings={"ignore_unknown_options": True},
     epilog=exit_codes(
-        (0, "decoded"),
-        (2, "not an ID: not an integer, negative, or over 2^63-1"),
+        (Exit.OK, "decoded"),
+        (Exit.USAGE, "not an ID: not an integer, negative, or over 2^63-1"),
         USAGE,
         (CONFIG[0], "invalid configuration (every problem named)"),
         OTHER,

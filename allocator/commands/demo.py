@@ -4,6 +4,8 @@ Rules: uses the one cluster manager (:class:`LocalCluster`) in its own state fol
 never touches a cluster started with ``allocator local up``; always stops every process it
 started, by pid, on success, on error, on Ctrl-C and on SIGTERM (``--keep`` leaves it up on
 purpose). Prints what happens and how long it took; asserts nothing about speed.
+``--phase`` takes a number with a unit (``6s``); the old ``--phase-s`` (a number of
+seconds, ``ALLOCATOR_DEMO_PHASE_S``) still works and warns.
 
 The story: 3 ZooKeeper servers, PostgreSQL and 3 nodes come up; one node is elected and
 fills the pool; a consumer claims blocks with one SQL call (as the ``allocator_app`` role)
@@ -20,6 +22,7 @@ import logging
 import signal
 import time
 from collections.abc import Sequence
+from datetime import timedelta
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -30,11 +33,14 @@ from allocator.commands.local import render
 from allocator.commands.options import (
     EMBEDDED_CLUSTER,
     OTHER,
+    SECOND,
     USAGE,
+    Duration,
+    duration_option,
     exit_codes,
 )
-from allocator.commands.ranges import FiniteFloatRange
 from allocator.core.errors import AllocatorError
+from allocator.core.exits import Exit
 from allocator.local.cluster import LocalCluster
 from allocator.local.processes import is_pid_alive
 
@@ -66,8 +72,8 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 @click.command(
     "demo",
     epilog=exit_codes(
-        (0, "the story ran (or was interrupted) and the checker found no violation"),
-        (1, "an invariant was violated (each named), or no leader or no block in time"),
+        (Exit.OK, "the story ran (or was interrupted) and the checker found no violation"),
+        (Exit.FAILED, "an invariant was violated (each named), or no leader or no block in time"),
         USAGE,
         OTHER,
         *EMBEDDED_CLUSTER,
@@ -80,11 +86,15 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     help="State folder of the demo cluster.",
 )
 @click.option("--zk", "zk_servers", type=click.Choice(["1", "3"]), default="3")
-@click.option(
-    "--phase-s",
-    type=FiniteFloatRange(0.0, 600.0),
-    default=6.0,
-    help="Seconds before and after the kill.",
+@duration_option(
+    "--phase",
+    kind=Duration(maximum=600 * SECOND, zero=True),
+    default=6 * SECOND,
+    into="phase_s",
+    convert=timedelta.total_seconds,
+    old_flag="--phase-s",
+    old_unit="s",
+    help="How long before and after the kill (6s, 500ms).",
 )
 @click.option(
     "--keep", is_flag=True, help="Leave the cluster running (stop: allocator local down)."

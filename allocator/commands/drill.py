@@ -6,18 +6,20 @@ options in, a table or JSON out. The JSON always goes to ``--json-out`` (default
 ``--report DIR`` also writes ``drill.json``, ``drill.md`` and ``drill.png`` there. With one
 scenario the JSON carries that scenario's keys at the top (DESIGN §10). Progress lines go
 to stderr. Exit status: 0 when every round passed, no violation was found and (a soak)
-no node grew past the bound; 1 otherwise, with the table and files still written; 2 for a
-refused request (a scenario the target cannot run). SIGTERM is handled like Ctrl-C: the
+no node grew past the bound; 1 otherwise, with the table and files still written; 64 for a
+refused request (a scenario the target cannot run). ``--duration`` and
+``--session-timeout`` take a number with a unit (``90s``, ``2h``); the old spellings (a bare
+number of seconds, ``ALLOCATOR_DRILL_DURATION_S``, ``--session-timeout-ms``) still work and
+warn (:func:`allocator.commands.options.duration_option`). SIGTERM is handled like Ctrl-C: the
 drill heals what it broke and stops its own cluster before it exits.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import signal
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import FrameType
 
@@ -30,9 +32,11 @@ from allocator.commands.options import (
     INTERRUPTED,
     OTHER,
     USAGE,
+    Duration,
     exit_codes,
 )
 from allocator.core import verify
+from allocator.core.exits import Exit
 from allocator.drill import output, plan
 from allocator.drill.observe import DrillError
 from allocator.drill.scenarios import ALL, MIXED, SCENARIOS
@@ -40,35 +44,25 @@ from allocator.local import nodes as nodes_mod
 from allocator.local.cluster import MAX_NODES
 
 DEFAULT_STATE_DIR = Path(".run/drill")
-DURATION = re.compile(r"^(\d+)([smh]?)$")
-UNIT_S = {"": 1, "s": 1, "m": 60, "h": 3600}
+OLD_DURATION_ENV = "ALLOCATOR_DRILL_DURATION_S"
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     raise KeyboardInterrupt
 
 
-def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> float | None:
-    if value is None:
-        return None
-    match = DURATION.match(value.strip())
-    if match is None or int(match.group(1)) == 0:
-        raise click.BadParameter(f"{value!r} is not a duration like 90s, 30m or 2h")
-    return float(int(match.group(1)) * UNIT_S[match.group(2)])
-
-
 @click.command(
     "drill",
     epilog=exit_codes(
-        (0, "every round passed, no violation, and (a soak) no node grew past the bound"),
+        (Exit.OK, "every round passed, no violation, and (a soak) no node grew past the bound"),
         (
-            1,
+            Exit.FAILED,
             "a round failed, a violation was found or a node grew (the table and files are "
             "still written)",
         ),
         INTERRUPTED,
         OTHER,
-        (2, "a scenario the target cannot run"),
+        (Exit.USAGE, "a scenario the target cannot run"),
         USAGE,
         *EMBEDDED_CLUSTER,
         (CONFIG[0], "with --config: invalid configuration"),
@@ -90,12 +84,13 @@ def _duration(ctx: click.Context, param: click.Parameter, value: str | None) -> 
     help="Rounds per scenario (mixed: rounds in all).",
 )
 @click.option("--seed", type=int, default=None, show_envvar=True, help="Seed of the schedule.")
-@click.option(
+@options.duration_option(
     "--duration",
-    "duration_s",
+    kind=Duration(bare_unit="s"),
     default=None,
-    callback=_duration,
-    show_envvar=True,
+    into="duration_s",
+    convert=timedelta.total_seconds,
+    old_envvar=OLD_DURATION_ENV,
     help="Soak: run the mixed schedule this long (90s, 30m, 2h), sampling each node's "
     "memory, open files and threads; growth past the bound fails the run.",
 )

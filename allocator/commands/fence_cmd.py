@@ -13,8 +13,8 @@ refused); this module parses the options, asks on a terminal and prints.
   ``allocator_operator``, which the audit records. A URL with a password is refused on the
   command line (:mod:`allocator.commands.options`).
 - Output: what happened, for people; ``--json`` for machines. Errors: one line, no
-  traceback, the error's exit code (2 refused or bad reason, 75 a server unavailable, 78
-  a database below the watermark).
+  traceback, the error's exit code (64 refused or bad reason, 75 a server unavailable, 78
+  a database below the watermark or a login refused).
 """
 
 from __future__ import annotations
@@ -28,8 +28,9 @@ from allocator import config as config_mod
 from allocator import fence
 from allocator.cluster_status import gather_fence
 from allocator.commands import options
-from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, config_options, exit_codes
+from allocator.commands.options import CONFIG, OTHER, UNREACHABLE, USAGE, config_options, exit_codes
 from allocator.core.audit import check_reason
+from allocator.core.exits import Exit
 from allocator.fence.rebase import (
     DatabaseWentBackError,
     Plan,
@@ -54,12 +55,12 @@ def fence_group() -> None:
 @fence_group.command(
     "rebase",
     epilog=exit_codes(
-        (0, "done (what changed is printed)"),
-        (1, "cancelled at the prompt; or the database was restored, not the ensemble"),
+        (Exit.OK, "done (what changed is printed)"),
+        (Exit.FAILED, "cancelled at the prompt; or the database was restored, not the ensemble"),
         OTHER,
-        (2, "no --yes and no terminal to ask on; an empty or too long --reason (AL106)"),
+        (Exit.USAGE, "no --yes and no terminal to ask on; an empty or too long --reason (AL106)"),
         USAGE,
-        UNAVAILABLE,
+        UNREACHABLE,
         CONFIG,
         (
             DatabaseWentBackError.exit_code,
@@ -99,9 +100,9 @@ def rebase_command(
 @fence_group.command(
     "status",
     epilog=exit_codes(
-        (0, "printed (a fence ahead of ZooKeeper is a line of it, not an exit)"),
+        (Exit.OK, "printed (a fence ahead of ZooKeeper is a line of it, not an exit)"),
         USAGE,
-        UNAVAILABLE,
+        UNREACHABLE,
         CONFIG,
         OTHER,
     ),

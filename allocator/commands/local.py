@@ -10,15 +10,17 @@ prints a line, or with ``--json`` one object (``action``, ``state_dir`` and what
 the cluster's URLs carry no password (``trust`` on loopback), the nodes' admin token and
 ZooKeeper identity stay in ``<state>/cluster.json`` (mode 0600: ``admin_token``,
 ``zk_auth``) and in ``<state>/secrets/`` (one file each, mode 0600), which ``env`` exports
-as paths (``ALLOCATOR_NODE_ADMIN_TOKEN_FILE``, ``ALLOCATOR_ZOOKEEPER_AUTH_FILE``).
-``up --node-env`` refuses a secret variable on the command line; ``down --purge`` and
-``up --node-command`` are never read from the environment
-(:mod:`allocator.commands.options`). ``up`` runs 3 nodes for a new cluster (``--nodes``; as
-recorded for an existing one). The drill commands act on one process by its recorded pid:
-``zk-stop``/``zk-start``, ``pg-stop``/``pg-start``, ``node-stop``/``node-start`` (through
-the node supervisor, which then neither restarts nor forgets the node) and ``node-signal``.
-Errors are :class:`allocator.core.errors.AllocatorError` subclasses: one line, non-zero exit;
-each command's ``--help`` lists its exit codes.
+as paths (``ALLOCATOR_NODE_ADMIN_TOKEN_FILE``, ``ALLOCATOR_ZOOKEEPER_AUTH_FILE``). ``up
+--node-env`` refuses a secret variable on the command line; ``down --purge`` and ``up
+--node-command`` are never read from the environment (:mod:`allocator.commands.options`).
+``up`` runs 3 nodes for a new cluster (``--nodes``; as recorded for an existing one). The
+drill commands act on one process by its recorded pid: ``zk-stop``/``zk-start``,
+``pg-stop``/``pg-start``, ``node-stop``/``node-start`` (through the node supervisor, which
+then neither restarts nor forgets the node) and ``node-signal``. ``up --tick`` and ``up
+--session-timeout`` take a number with a unit (``200ms``, ``4s``); ``--tick-ms`` and
+``--session-timeout-ms`` (and their variables) still work and warn. Errors are
+:class:`allocator.core.errors.AllocatorError` subclasses: one line, non-zero exit; each
+command's ``--help`` lists its exit codes.
 """
 
 from __future__ import annotations
@@ -40,8 +42,10 @@ from allocator.commands.options import (
     USAGE,
     exit_codes,
 )
+from allocator.core import durations
 from allocator.core.errors import UsageError
-from allocator.local import client_env, postgres
+from allocator.core.exits import Exit
+from allocator.local import client_env, postgres, zookeeper
 from allocator.local import nodes as nodes_mod
 from allocator.local.cluster import MAX_NODES, LocalCluster
 from allocator.local.info import ClusterInfo, NodeInfo
@@ -66,9 +70,12 @@ def local() -> None:
 @local.command(
     "up",
     epilog=exit_codes(
-        (0, "the servers serve (schema migrated unless --no-migrate), the nodes started"),
+        (Exit.OK, "the servers serve (schema migrated unless --no-migrate), the nodes started"),
         USAGE,
-        (1, "the record does not allow the request (another --zk or --tick-ms than recorded)"),
+        (
+            Exit.FAILED,
+            "the record does not allow the request (another --zk or --tick than recorded)",
+        ),
         OTHER,
         *EMBEDDED_CLUSTER,
     ),
@@ -78,12 +85,15 @@ def local() -> None:
     help="ZooKeeper servers, 1 or 3 (any odd number up to 7). [default: 3 for a new "
     "cluster, else as recorded]",
 )
-@click.option(
-    "--tick-ms",
-    type=click.IntRange(min=1),
+@options.duration_option(
+    "--tick",
+    kind=options.Duration(step=options.MILLISECOND),
     default=None,
-    show_envvar=True,
-    help="ZooKeeper tickTime of a new cluster. [default: 200]",
+    into="tick_ms",
+    convert=durations.milliseconds,
+    old_flag="--tick-ms",
+    old_unit="ms",
+    help=f"ZooKeeper tickTime of a new cluster. [default: {zookeeper.DEFAULT_TICK_MS}ms]",
 )
 @click.option(
     "--pg-port",
@@ -110,7 +120,7 @@ def local() -> None:
 @options.session_timeout_option(
     None,
     help=f"The nodes' ZooKeeper session timeout. [default: "
-    f"{nodes_mod.DEFAULT_SESSION_TIMEOUT_MS}, or as recorded]",
+    f"{nodes_mod.DEFAULT_SESSION_TIMEOUT_MS}ms, or as recorded]",
 )
 @options.typed_option(
     "--node-command",
@@ -205,10 +215,10 @@ def status(state_dir: Path, as_json: bool) -> None:
 @local.command(
     "env",
     epilog=exit_codes(
-        (0, "the exports printed (a note on stderr when the cluster is not running)"),
+        (Exit.OK, "the exports printed (a note on stderr when the cluster is not running)"),
         USAGE,
         NO_LOCAL_CLUSTER,
-        (1, "the secret files cannot be written"),
+        (Exit.FAILED, "the secret files cannot be written"),
         OTHER,
     ),
 )
@@ -240,9 +250,9 @@ def env(state_dir: Path, as_json: bool) -> None:
 @local.command(
     "down",
     epilog=exit_codes(
-        (0, "every recorded process stopped (or no cluster recorded: nothing to stop)"),
+        (Exit.OK, "every recorded process stopped (or no cluster recorded: nothing to stop)"),
         USAGE,
-        (1, "a process could not be stopped; it stays recorded: run down again"),
+        (Exit.FAILED, "a process could not be stopped; it stays recorded: run down again"),
         OTHER,
     ),
 )
@@ -318,10 +328,10 @@ def pg_stop(mode: postgres.StopMode, state_dir: Path, as_json: bool) -> None:
 @local.command(
     "pg-failover",
     epilog=exit_codes(
-        (0, "the standby is the primary now"),
-        (2, "no standby to promote (local up --pg-standby adds one)"),
+        (Exit.OK, "the standby is the primary now"),
+        (Exit.USAGE, "no standby to promote (local up --pg-standby adds one)"),
         USAGE,
-        (1, "the standby is not running, or the primary did not stop"),
+        (Exit.FAILED, "the standby is not running, or the primary did not stop"),
         NO_LOCAL_CLUSTER,
         OTHER,
     ),
@@ -349,9 +359,9 @@ def pg_start(state_dir: Path, as_json: bool) -> None:
 
 _NODE_CODES = (
     OK,
-    (2, "no node NAME in this cluster"),
+    (Exit.USAGE, "no node NAME in this cluster"),
     USAGE,
-    (1, "the node supervisor is not running (local up starts it)"),
+    (Exit.FAILED, "the node supervisor is not running (local up starts it)"),
     NO_LOCAL_CLUSTER,
     OTHER,
 )
@@ -392,9 +402,9 @@ def node_start(name: str, state_dir: Path, as_json: bool) -> None:
     "node-signal",
     epilog=exit_codes(
         OK,
-        (2, "no node NAME in this cluster"),
+        (Exit.USAGE, "no node NAME in this cluster"),
         USAGE,
-        (1, "the node is not running, or exited before the signal"),
+        (Exit.FAILED, "the node is not running, or exited before the signal"),
         NO_LOCAL_CLUSTER,
         OTHER,
     ),

@@ -10,7 +10,8 @@ is idempotent. Going down to ``base`` drops every block and the fence, so it nee
 neither ``--to`` nor ``--yes`` is ever read from the environment (``ALLOCATOR_MIGRATE_YES=1``
 does nothing). ``--json`` prints one object: ``action`` (check, upgrade, downgrade),
 ``previous_revision``, ``current_revision``, ``head_revision``, ``up_to_date``; a check whose
-schema is behind still exits 1.
+schema is behind still exits 1. A database that cannot be reached exits 75 and one that
+refuses the login 78 (naming the role), as for every command.
 """
 
 from __future__ import annotations
@@ -22,19 +23,21 @@ import click
 
 from allocator import config as config_mod
 from allocator.commands import options
-from allocator.commands.options import CONFIG, OTHER, USAGE, config_options, exit_codes
+from allocator.commands.options import CONFIG, OTHER, UNREACHABLE, USAGE, config_options, exit_codes
 from allocator.core.errors import UsageError
+from allocator.core.exits import Exit
 
 
 @click.command(
     "migrate",
     epilog=exit_codes(
-        (0, "the schema is at the newest revision (or removed: --to base)"),
-        (1, "--check: the schema is behind; a migration failed or the database is unreachable"),
+        (Exit.OK, "the schema is at the newest revision (or removed: --to base)"),
+        (Exit.FAILED, "--check: the schema is behind; a migration failed (the database says why)"),
         OTHER,
-        (2, "--to base without --yes"),
+        (Exit.USAGE, "--to base without --yes"),
         USAGE,
-        (CONFIG[0], "invalid configuration (every problem named)"),
+        UNREACHABLE,
+        CONFIG,
     ),
 )
 @options.database_url_option(help="PostgreSQL URL of the schema owner (overrides postgres.url).")
@@ -69,7 +72,7 @@ def migrate_command(
         current = migrate.current_revision(url_text)
         text = f"schema revision: {current or 'none'} (newest: {head})"
         _report(as_json, text, "check", current, current, head)
-        raise SystemExit(0 if current == head else 1)
+        raise SystemExit(Exit.OK if current == head else Exit.FAILED)
     if target == "base":
         if not yes:
             raise UsageError("--to base drops every block and the fence; add --yes to confirm")

@@ -28,25 +28,37 @@ Rules:
   command passes what differs (its default folder, its JSON file's stem, its defaults,
   its help); names and types stay the same everywhere.
 - Every command's ``--help`` ends with its exit codes: :func:`exit_codes` makes the epilog
-  from entries whose numbers come from :mod:`allocator.core.errors` (:data:`OK`, :data:`USAGE`,
-  :data:`CONFIG`, ...), so a listed code is the one the error really carries; each entry
-  says what it means for that command. A unit test checks every command lists them.
+  from entries whose numbers are rows of the one table, :class:`allocator.core.exits.Exit`
+  (:data:`OK`, :data:`USAGE`, :data:`CONFIG`, ...; any other number is refused when the
+  command is built), each saying what the code means for that command; ``allocator
+  --help`` shows the whole table (:func:`exit_table`). A unit test checks every command
+  lists them.
+- Every duration flag takes one shape, a number with a unit (``30s``, ``500ms``, ``2h``,
+  ``1m30s``): :class:`Duration`, backed by :mod:`allocator.core.durations`, handing the
+  command a ``timedelta``; its environment variable takes the same text. A flag that took
+  a bare number of seconds before (``watch --duration``, ``--timeout``) still reads one,
+  with a warning; a flag whose name carried its unit (``--session-timeout-ms``) lives on
+  as a hidden alias of the unit-ful one (:func:`duration_option`: its old number and its
+  old variable still work, with a warning; both at once are refused).
 """
 
 from __future__ import annotations
 
 import functools
 import sys
+import textwrap
 from collections.abc import Callable
+from datetime import timedelta
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 from click.core import ParameterSource
 
 from allocator import config as config_mod
-from allocator.core import errors, redact
-from allocator.core.errors import UsageError
+from allocator.core import durations, exits, redact
+from allocator.core.errors import InvalidDurationError, UsageError
+from allocator.core.exits import Exit
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -60,54 +72,70 @@ SECRET_ENV_NAMES = frozenset(
 """Variables whose every value is a secret (a URL is one only when it holds a password)."""
 
 
-ExitCode = tuple[int, str]
-"""An exit code and what it means for one command."""
+ExitCode = tuple[Exit, str]
+"""An exit code (a row of the one table) and what it means for one command."""
 EXIT_CODES_HEADING = "Exit codes:"
-OK: ExitCode = (0, "done")
-OTHER: ExitCode = (errors.AllocatorError.exit_code, "any other error (one line on stderr)")
-INTERRUPTED: ExitCode = (1, "interrupted (Ctrl-C)")
-USAGE: ExitCode = (errors.UsageError.exit_code, "bad arguments or options")
+OK: ExitCode = (Exit.OK, "done")
+OTHER: ExitCode = (Exit.FAILED, "any other error (one line on stderr)")
+INTERRUPTED: ExitCode = (Exit.FAILED, "interrupted (Ctrl-C)")
+USAGE: ExitCode = (Exit.USAGE, "bad arguments or options")
 CONFIG: ExitCode = (
-    errors.ConfigError.exit_code,
-    "invalid configuration (every problem named), or ZooKeeper refused zookeeper.auth",
+    Exit.CONFIG,
+    "invalid configuration (every problem named), a login refused (the PostgreSQL role or "
+    "the ZooKeeper identity named)",
 )
-UNAVAILABLE: ExitCode = (
-    errors.ZooKeeperUnavailableError.exit_code,
+UNREACHABLE: ExitCode = (
+    Exit.TEMPFAIL,
     "ZooKeeper or PostgreSQL unreachable or too slow: retry later",
 )
 PREREQUISITE: ExitCode = (
-    errors.PrerequisiteError.exit_code,
+    Exit.UNAVAILABLE,
     "a package the embedded cluster needs is missing (zookeeper, postgresql, java)",
 )
 SERVER_START: ExitCode = (
-    errors.ServerStartError.exit_code,
+    Exit.SOFTWARE,
     "a server of the embedded cluster did not start (its log's tail follows)",
 )
 PORT_IN_USE: ExitCode = (
-    errors.PortInUseError.exit_code,
+    Exit.TEMPFAIL,
     "a port the embedded cluster needs is taken by another process",
 )
 NO_LOCAL_CLUSTER: ExitCode = (
-    errors.LocalClusterError.exit_code,
+    Exit.FAILED,
     "no cluster recorded in the state folder (or not a valid record)",
 )
 EMBEDDED_CLUSTER: tuple[ExitCode, ...] = (PREREQUISITE, SERVER_START, PORT_IN_USE)
 """What starting an embedded cluster (``local up``, ``demo``, a drill's or bench's own) can
 end in."""
 GROUP_CODES: tuple[ExitCode, ...] = (
-    (0, "those of the subcommand"),
-    (errors.UsageError.exit_code, "no such subcommand, or bad options"),
+    (Exit.OK, "those of the subcommand"),
+    (Exit.USAGE, "no such subcommand, or bad options"),
 )
+HELP_WIDTH = 78
 
 
-def exit_codes(*codes: ExitCode) -> str:
+def exit_codes(*codes: tuple[int, str]) -> str:
     """A command's ``epilog``: ``Exit codes:`` and one line per code, in numeric order;
-    two meanings of one code are joined with ``;``. ``\\b`` keeps click from rewrapping."""
-    meanings: dict[int, list[str]] = {}
+    two meanings of one code are joined with ``;``. ``\\b`` keeps click from rewrapping.
+    A code that is no row of the one table is a ValueError (the command is not built)."""
+    meanings: dict[Exit, list[str]] = {}
     for code, meaning in codes:
-        meanings.setdefault(code, []).append(meaning)
-    lines = [f"  {code:<3} {'; '.join(meanings[code])}" for code in sorted(meanings)]
+        meanings.setdefault(Exit(code), []).append(meaning)
+    lines = [f"  {int(code):<3} {'; '.join(meanings[code])}" for code in sorted(meanings)]
     return "\n".join(["\b", EXIT_CODES_HEADING, *lines])
+
+
+def exit_table() -> str:
+    """``allocator --help``'s epilog: the whole table (:mod:`allocator.core.exits`), each
+    meaning wrapped under its code."""
+    lines = ["\b", EXIT_CODES_HEADING]
+    for line in exits.help_lines():
+        code, _space, meaning = line.partition(" ")
+        wrapped = textwrap.wrap(meaning.strip(), HELP_WIDTH - 8)
+        lines.append(f"  {code:<3} {wrapped[0]}")
+        lines += [f"      {more}" for more in wrapped[1:]]
+    lines.append("Every command's --help says what each means for it; docs/exit-codes.md.")
+    return "\n".join(lines)
 
 
 def typed_option(*param_decls: str, **attrs: Any) -> Callable[[F], F]:
@@ -278,14 +306,199 @@ def nodes_option(minimum: int, maximum: int, default: int | None, help: str) -> 
     )
 
 
-def session_timeout_option(default: int | None, help: str) -> Callable[[F], F]:
-    """``--session-timeout-ms``: the nodes' ZooKeeper session timeout."""
-    return click.option(
-        "--session-timeout-ms",
-        type=click.IntRange(min=1),
-        default=default,
-        show_envvar=True,
+def session_timeout_option(default_ms: int | None, help: str) -> Callable[[F], F]:
+    """``--session-timeout`` (hidden old spelling ``--session-timeout-ms``): the nodes'
+    ZooKeeper session timeout, handed over in milliseconds as ``session_timeout_ms``."""
+    return duration_option(
+        "--session-timeout",
+        kind=Duration(step=MILLISECOND),
+        default=None if default_ms is None else timedelta(milliseconds=default_ms),
         help=help,
+        into="session_timeout_ms",
+        convert=durations.milliseconds,
+        old_flag="--session-timeout-ms",
+        old_unit="ms",
+    )
+
+
+MILLISECOND = timedelta(milliseconds=1)
+SECOND = timedelta(seconds=1)
+_STEP_NAMES = {MILLISECOND: "milliseconds", SECOND: "seconds"}
+
+
+if TYPE_CHECKING:  # click's types are generic in its stubs only from 8.4 on
+    _DurationBase = click.ParamType[timedelta, Any]
+else:
+    _DurationBase = click.ParamType
+
+
+class Duration(_DurationBase):
+    """A duration flag's type (module rules): the text as :func:`durations.parse` reads it,
+    as a ``timedelta`` within ``minimum`` .. ``maximum`` (zero only with ``zero``), a whole
+    number of ``step`` when given. With ``bare_unit`` a number without a unit is read in
+    that unit (what the flag took before), with a warning unless ``warn_bare`` is off."""
+
+    name = "duration"
+
+    def __init__(
+        self,
+        *,
+        minimum: timedelta = timedelta(0),
+        maximum: timedelta = durations.MAX,
+        zero: bool = False,
+        step: timedelta | None = None,
+        bare_unit: str | None = None,
+        warn_bare: bool = True,
+    ) -> None:
+        if bare_unit is not None and bare_unit not in durations.UNITS:
+            raise ValueError(f"not a unit: {bare_unit!r}")
+        self.minimum, self.maximum, self.zero, self.step = minimum, maximum, zero, step
+        self.bare_unit, self.warn_bare = bare_unit, warn_bare
+
+    def reading_bare(self, unit: str) -> Duration:
+        """The same bounds, a bare number read in ``unit`` without a warning (an old
+        spelling's type: the caller warns about the spelling itself)."""
+        return Duration(
+            minimum=self.minimum,
+            maximum=self.maximum,
+            zero=self.zero,
+            step=self.step,
+            bare_unit=unit,
+            warn_bare=False,
+        )
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> timedelta:
+        if isinstance(value, timedelta):
+            return value
+        text = str(value)
+        if self.bare_unit is not None and durations.is_bare_number(text):
+            number = text.strip()
+            text = f"{number}{self.bare_unit}"
+            if self.warn_bare:
+                warn(
+                    f"{given_as(ctx, param)} {number}: a number without a unit is deprecated; "
+                    f"write {text}"
+                )
+        try:
+            found = durations.parse(text)
+        except InvalidDurationError as exc:
+            self.fail(str(exc), param, ctx)
+        shown = repr(text.strip())
+        if not found and not self.zero:
+            self.fail(f"{shown}: must be more than 0", param, ctx)
+        if found < self.minimum:
+            self.fail(f"{shown} is less than {durations.format_duration(self.minimum)}", param, ctx)
+        if found > self.maximum:
+            self.fail(f"{shown} is more than {durations.format_duration(self.maximum)}", param, ctx)
+        if self.step and found % self.step:
+            steps = _STEP_NAMES.get(self.step, f"steps of {durations.format_duration(self.step)}")
+            self.fail(f"{shown} is not a whole number of {steps}", param, ctx)
+        return found
+
+
+def warn(text: str) -> None:
+    """One ``warning:`` line on stderr (a deprecated spelling, ...)."""
+    click.echo(f"warning: {text}", err=True)
+
+
+def given_as(ctx: click.Context | None, param: click.Parameter | None) -> str:
+    """How a value reached ``param``: its flag, or the environment variable that set it."""
+    if param is None:
+        return "the value"
+    source = ctx.get_parameter_source(param.name) if ctx and param.name else None
+    if source is ParameterSource.ENVIRONMENT and ctx is not None:
+        named = param.envvar if isinstance(param.envvar, str) else None
+        return named or _env_var(ctx, param)
+    return param.opts[0] if param.opts else str(param.name)
+
+
+def duration_option(
+    flag: str,
+    *,
+    kind: Duration,
+    default: timedelta | None,
+    help: str,
+    into: str | None = None,
+    convert: Callable[[timedelta], Any] | None = None,
+    old_flag: str | None = None,
+    old_unit: str = "s",
+    old_envvar: str | None = None,
+) -> Callable[[F], F]:
+    """A duration flag ``flag`` of type ``kind`` (its variable: the auto ``ALLOCATOR_*``
+    name), handed to the command as ``into`` (default: the flag's own name), passed
+    through ``convert`` when given (e.g. :func:`durations.milliseconds`).
+
+    ``old_flag``: the spelling it replaces, kept as a hidden alias whose bare number is
+    read in ``old_unit`` (its own variable works too); ``old_envvar``: a variable name the
+    flag had before. Either warns when used; the old and the new spelling together are a
+    usage error."""
+    name = click.Option([flag]).name
+    old_name = click.Option([old_flag]).name if old_flag else None
+    target = into or name
+    if name is None or target is None:
+        raise TypeError(f"no parameter name for {flag}")
+
+    def decorate(func: F) -> F:
+        @functools.wraps(func)
+        def command(*args: Any, **kwargs: Any) -> Any:
+            ctx = click.get_current_context()
+            value = kwargs.pop(name)
+            given = _given(ctx, name)
+            if old_name is not None:
+                old = kwargs.pop(old_name)
+                if old is not None and given:
+                    raise UsageError(f"give {flag} or {old_flag}, not both")
+                if old is not None:
+                    old_param = next(p for p in ctx.command.params if p.name == old_name)
+                    warn(
+                        f"{given_as(ctx, old_param)} is deprecated: use {flag} "
+                        f"{durations.format_duration(old)}"
+                    )
+                    value, given = old, True
+            old_text = config_mod.process_environment().get(old_envvar) if old_envvar else None
+            if old_envvar is not None and old_text is not None and not given:
+                try:
+                    value = kind.reading_bare(old_unit).convert(old_text, None, ctx)
+                except click.BadParameter as exc:
+                    raise UsageError(f"{old_envvar}: {exc.message}") from None
+                new_param = next(p for p in ctx.command.params if p.name == name)
+                warn(
+                    f"{old_envvar} is deprecated: set {_env_var(ctx, new_param)}="
+                    f"{durations.format_duration(value)}"
+                )
+            try:
+                kwargs[target] = value if value is None or convert is None else convert(value)
+            except ValueError as exc:  # e.g. a fraction of the unit the command takes
+                raise UsageError(f"{flag}: {exc}") from None
+            return func(*args, **kwargs)
+
+        if old_flag is not None:
+            click.option(
+                old_flag,
+                type=kind.reading_bare(old_unit),
+                default=None,
+                hidden=True,
+                help=f"Deprecated: {flag} (a number here is in {old_unit}).",
+            )(command)
+        click.option(
+            flag,
+            type=kind,
+            default=None if default is None else durations.format_duration(default),
+            show_envvar=True,
+            help=help,
+        )(command)
+        return command  # type: ignore[return-value]
+
+    return decorate
+
+
+def _given(ctx: click.Context, name: str) -> bool:
+    """True when the parameter ``name`` came from the command line or its variable."""
+    return ctx.get_parameter_source(name) in (
+        ParameterSource.COMMANDLINE,
+        ParameterSource.ENVIRONMENT,
     )
 
 

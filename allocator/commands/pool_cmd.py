@@ -2,10 +2,11 @@
 
 ``pool pause`` / ``pool resume`` (operator role; :mod:`allocator.pool.pause`, migration
 0010): pause commits the pause (audited in ``allocator.claim_pause_history``), then waits
-until every claim that was in flight has ended, at most ``--timeout`` (exit 75 naming the
-sessions still holding one; the pause stays in force). No ``--yes``: a pause takes nothing
-away that ``resume`` does not give back, and an operator who pauses in an incident wants it
-now. ``--reason`` is the audit record's why and never comes from the environment.
+until every claim that was in flight has ended, at most ``--timeout`` (``70s``, ``2m``; exit
+75 naming the sessions still holding one; the pause stays in force). No ``--yes``: a pause
+takes nothing away that ``resume`` does not give back, and an operator who pauses in an
+incident wants it now. ``--reason`` is the audit record's why and never comes from the
+environment.
 
 ``pool reset --after-restore``: the procedure and its steps are :mod:`allocator.pool.reset`.
 
@@ -18,6 +19,7 @@ variable left over from an earlier restore would name the wrong database.
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,12 +27,20 @@ import click
 
 from allocator import config as config_mod
 from allocator.commands import options
-from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, exit_codes
-from allocator.commands.ranges import FiniteFloatRange
+from allocator.commands.options import (
+    CONFIG,
+    OTHER,
+    SECOND,
+    UNREACHABLE,
+    USAGE,
+    Duration,
+    exit_codes,
+)
 from allocator.config import Config
-from allocator.core import redact
+from allocator.core import durations, redact
 from allocator.core.audit import check_reason
 from allocator.core.errors import UsageError
+from allocator.core.exits import Exit
 from allocator.pool import pause as claim_pause
 from allocator.pool.reset import check_old_database, outcome_lines, reset
 
@@ -105,11 +115,11 @@ def pause_lines(done: claim_pause.Paused) -> list[str]:
 @pool_group.command(
     "pause",
     epilog=exit_codes(
-        (0, "claims are paused and no claim begun before the pause is still open"),
+        (Exit.OK, "claims are paused and no claim begun before the pause is still open"),
         OTHER,
         USAGE,
         (
-            75,
+            Exit.TEMPFAIL,
             "PostgreSQL unreachable; or claims are paused but claims begun before the pause "
             "were still open at --timeout (each is named)",
         ),
@@ -118,15 +128,15 @@ def pause_lines(done: claim_pause.Paused) -> list[str]:
 )
 @click.option(
     "--timeout",
-    type=FiniteFloatRange(0.0, 3600.0, min_open=True),
-    default=claim_pause.DEFAULT_TIMEOUT_S,
+    type=Duration(maximum=3600 * SECOND, bare_unit="s"),
+    default=durations.format_duration(timedelta(seconds=claim_pause.DEFAULT_TIMEOUT_S)),
     show_default=True,
-    help="Seconds to wait for the claims in flight to end (the default outlasts "
-    "claim_blocks' 60 s idle bound).",
+    help="How long to wait for the claims in flight to end (the default outlasts "
+    "claim_blocks' 60 s idle bound; a bare number of seconds is deprecated).",
 )
 @options.audited_options("allocator.claim_pause_history", confirm=False)
 def pause_command(
-    timeout: float,
+    timeout: timedelta,
     reason: str,
     as_json: bool,
     database_url: str | None,
@@ -137,7 +147,7 @@ def pause_command(
     check_reason(reason, "claims are paused")
     config, url = _operator_url(database_url, config_path, set_pairs)
     done = claim_pause.pause(
-        url, reason, timeout, connect_timeout_s=config.postgres.connect_timeout_s
+        url, reason, timeout.total_seconds(), connect_timeout_s=config.postgres.connect_timeout_s
     )
     if as_json:
         click.echo(json.dumps(pause_json(done), indent=2))
@@ -149,10 +159,10 @@ def pause_command(
 @pool_group.command(
     "resume",
     epilog=exit_codes(
-        (0, "claims are served (also when they were not paused)"),
+        (Exit.OK, "claims are served (also when they were not paused)"),
         OTHER,
         USAGE,
-        UNAVAILABLE,
+        UNREACHABLE,
         CONFIG,
     ),
 )
@@ -196,21 +206,21 @@ def resume_command(
 @pool_group.command(
     "reset",
     epilog=exit_codes(
-        (0, "done (what changed is printed); claims stay paused until `pool resume`"),
+        (Exit.OK, "done (what changed is printed); claims stay paused until `pool resume`"),
         (
-            1,
+            Exit.FAILED,
             "cancelled at the prompt; the old database's claims are not paused, or claims "
             "begun before its pause are still open",
         ),
         OTHER,
         (
-            2,
+            Exit.USAGE,
             "no --after-restore, no --yes and no terminal, a bad --reason, neither or both "
             "of --old-database-url and --old-database-unreachable, or the old database is the "
             "one reset",
         ),
         USAGE,
-        UNAVAILABLE,
+        UNREACHABLE,
         CONFIG,
     ),
 )

@@ -2,8 +2,9 @@
 
 Rules: :class:`FiniteFloatRange` is ``click.FloatRange`` that also refuses NaN (which
 compares false with every bound, so ``FloatRange`` lets it through) and infinities; every
-float option of the CLI (a duration, a fraction) uses it, so a nonsense number is a usage
-error (exit 2) before any work starts, never a NaN that a sleep or a timer meets later.
+float option of the CLI (a fraction; durations have their own type,
+:class:`allocator.commands.options.Duration`) uses it, so a nonsense number is a usage error
+(exit 64) before any work starts, never a NaN that a sleep or a timer meets later.
 """
 
 from __future__ import annotations

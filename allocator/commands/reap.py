@@ -25,6 +25,7 @@ import click
 from allocator.commands.options import OTHER, USAGE, config_options, exit_codes
 from allocator.commands.run import load
 from allocator.core.errors import ConfigError
+from allocator.core.exits import Exit
 from allocator.session import reaper
 
 
@@ -32,12 +33,12 @@ from allocator.session import reaper
     "reap-session",
     epilog=exit_codes(
         (
-            0,
+            Exit.OK,
             "whatever it decided: nothing to reap, ignored, alive, reaped, or ZooKeeper "
             "unreachable (the session then expires on its own)",
         ),
         USAGE,
-        (78, "no node.state_dir, no configured node.name, or an invalid configuration"),
+        (Exit.CONFIG, "no node.state_dir, no configured node.name, or an invalid configuration"),
         OTHER,
     ),
 )

@@ -5,7 +5,8 @@ here); ``--check`` validates, prints the effective config with secrets masked an
 Without ``zookeeper.auth`` both refuse (exit 78) unless ``zookeeper.insecure`` is set
 (:func:`allocator.zookeeper.client.check_node`); the node then warns at every start.
 SIGTERM and SIGINT stop the node gracefully (a leader hands over at once). The process exit
-code is the node's: 0 stopped, 3 session lost, 4 fenced (see ``allocator.node``).
+code is the node's: 0 stopped, 3 session lost, 4 fenced (see ``allocator.node``), rows of
+the one table (:mod:`allocator.core.exits`).
 
 This is the composition root (DESIGN §1): the only module that knows both the allocator core
 and the ``jobs`` package. :func:`build_node` wires a node from a config; tests that need a
@@ -32,6 +33,7 @@ import click
 from allocator import config as config_mod
 from allocator.commands.options import OTHER, USAGE, config_options, exit_codes
 from allocator.core import logs
+from allocator.core.exits import Exit
 
 if TYPE_CHECKING:
     from allocator.config import Config
@@ -119,14 +121,14 @@ def serve(node: Node) -> None:
 @click.command(
     "run",
     epilog=exit_codes(
-        (0, "stopped on request (SIGTERM, SIGINT); --check: the configuration is valid"),
-        (3, "ZooKeeper session lost (node.on_session_loss = exit)"),
-        (4, "fenced: a newer leader took over"),
+        (Exit.OK, "stopped on request (SIGTERM, SIGINT); --check: the configuration is valid"),
+        (Exit.SESSION_LOST, "ZooKeeper session lost (node.on_session_loss = exit)"),
+        (Exit.FENCED, "fenced: a newer leader took over"),
         USAGE,
-        (69, "a missing prerequisite"),
-        (75, "ZooKeeper or PostgreSQL unavailable at start"),
+        (Exit.UNAVAILABLE, "a missing prerequisite"),
+        (Exit.TEMPFAIL, "ZooKeeper or PostgreSQL unavailable at start"),
         (
-            78,
+            Exit.CONFIG,
             "invalid configuration, no zookeeper.auth without zookeeper.insecure, or a layout "
             "or datacenter id the database recorded otherwise",
         ),

@@ -1,21 +1,24 @@
 """``allocator status``, ``allocator watch`` and ``allocator step-down``.
 
 Rules: read-only except step-down, which asks the current leader (found in the election
-znodes' data) over its admin HTTP with ``node.admin_token``; ``--json`` prints DESIGN
-§10's keys (plus the additions :mod:`allocator.cluster_status` lists, among them ``fence``);
+znodes' data) over its admin HTTP with ``node.admin_token``; ``--json`` prints DESIGN §10's
+keys (plus the additions :mod:`allocator.cluster_status` lists, among them ``fence``);
 ``watch`` prints a line per change of leader, epoch or fence as it happens and a pool line
-every few seconds, and stops after ``--duration`` seconds or on Ctrl-C; with ``--json`` each
-line is one JSON object (JSON lines: ``time``, ISO-8601 UTC, ``event`` and its fields, see
-:func:`watch`). ``step-down --json`` prints one object (``leader``, ``admin_url``,
-``stepping_down``). Each command's ``--help`` lists its exit codes. A fence ahead of
-ZooKeeper (no node can take it until an operator re-bases it) is one loud line in both
-views, never buried in a table: it stops all cutting. So is a pause of claims
-(``allocator pool pause``) in ``status``: it stops all claiming. Election znodes that are
-ignored for the order or whose data does not parse are shown (``election`` in the JSON), and
-step-down refuses a leader whose data does not parse rather than send the token to an
-address someone else wrote. ``status`` also states, by the configuration it was given,
-the runway a handover needs (:mod:`allocator.config.runway`), and warns on stderr when
-``pool.max_blocks`` cannot cover one at the measured claim rate.
+every few seconds, and stops after ``--duration`` (``30s``, ``5m``) or on Ctrl-C; with
+``--json`` each line is one JSON object (JSON lines: ``time``, ISO-8601 UTC, ``event`` and
+its fields, see :func:`watch`). ``step-down --json`` prints one object (``leader``,
+``admin_url``, ``stepping_down``). Each command's ``--help`` lists its exit codes: step-down
+without ``node.admin_token``, or with one the leader refuses, is a configuration error (78);
+no leader to ask (none in the election, unreachable, or no longer leading) is a temporary
+one (75), as an unreachable ZooKeeper is. A fence ahead of ZooKeeper (no node can take it
+until an operator re-bases it) is one loud line in both views, never buried in a table: it
+stops all cutting. So is a pause of claims (``allocator pool pause``) in ``status``: it
+stops all claiming. Election znodes that are ignored for the order or whose data does not
+parse are shown (``election`` in the JSON), and step-down refuses a leader whose data does
+not parse rather than send the token to an address someone else wrote. ``status`` also
+states, by the configuration it was given, the runway a handover needs
+(:mod:`allocator.config.runway`), and warns on stderr when ``pool.max_blocks`` cannot cover
+one at the measured claim rate.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from http import HTTPStatus
 from pathlib import Path
 from typing import Any
@@ -33,11 +36,20 @@ from typing import Any
 import click
 
 from allocator import config as config_mod
-from allocator.commands.options import CONFIG, OTHER, UNAVAILABLE, USAGE, config_options, exit_codes
-from allocator.commands.ranges import FiniteFloatRange
+from allocator.commands.options import (
+    CONFIG,
+    OTHER,
+    SECOND,
+    UNREACHABLE,
+    USAGE,
+    Duration,
+    config_options,
+    exit_codes,
+)
 from allocator.config import runway
 from allocator.core import errors
-from allocator.core.errors import AllocatorError, UsageError
+from allocator.core.errors import AllocatorError, ConfigError, LeaderUnavailableError
+from allocator.core.exits import Exit
 
 WATCH_INTERVAL_S = 0.25
 POOL_LINE_EVERY_S = 5.0
@@ -49,9 +61,9 @@ Emit = Callable[[str, str, dict[str, Any]], None]
 @click.command(
     "status",
     epilog=exit_codes(
-        (0, "the status was printed (a fence ahead or behind is a line of it, not an exit)"),
+        (Exit.OK, "the status was printed (a fence ahead or behind is a line of it, not an exit)"),
         USAGE,
-        UNAVAILABLE,
+        UNREACHABLE,
         CONFIG,
         OTHER,
     ),
@@ -206,17 +218,21 @@ def ahead_line(report: dict[str, Any]) -> str:
 @click.command(
     "watch",
     epilog=exit_codes(
-        (0, "stopped after --duration or by Ctrl-C (an unreachable server is a line, not an exit)"),
+        (
+            Exit.OK,
+            "stopped after --duration or by Ctrl-C (an unreachable server is a line, not an exit)",
+        ),
         USAGE,
-        (errors.InvalidConfigError.exit_code, "invalid configuration (every problem named)"),
+        (Exit.CONFIG, "invalid configuration (every problem named)"),
         OTHER,
     ),
 )
 @click.option(
     "--duration",
-    type=FiniteFloatRange(min=0.0),
+    type=Duration(bare_unit="s"),
     default=None,
-    help="Stop after this many seconds.",
+    show_envvar=True,
+    help="Stop after this long (30s, 5m, 1h; a bare number of seconds is deprecated).",
 )
 @click.option(
     "--json",
@@ -227,7 +243,10 @@ def ahead_line(report: dict[str, Any]) -> str:
 )
 @config_options
 def watch(
-    duration: float | None, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
+    duration: timedelta | None,
+    as_json: bool,
+    config_path: Path | None,
+    set_pairs: tuple[str, ...],
 ) -> None:
     """Live view of leadership and pool: handovers as they happen.
 
@@ -241,13 +260,14 @@ def watch(
 
     config = config_mod.load_from_options(config_path, set_pairs)
     emit = _json_line if as_json else _text_line
+    limit_s = None if duration is None else duration.total_seconds()
     started = time.monotonic()
     last_leader: tuple[object, ...] | None = None
     last_fence: tuple[object, ...] | None = None
     last_election: list[str] = []
     last_pool_line = 0.0
     try:
-        while duration is None or time.monotonic() - started < duration:
+        while limit_s is None or time.monotonic() - started < limit_s:
             try:
                 data = gather(config, history_limit=1, rebase_limit=0).to_json()
             except AllocatorError as exc:
@@ -295,25 +315,30 @@ def _json_line(event: str, text: str, fields: dict[str, Any]) -> None:
 @click.command(
     "step-down",
     epilog=exit_codes(
-        (0, "the leader is stepping down"),
-        (2, "node.admin_token is not set"),
+        (Exit.OK, "the leader is stepping down"),
         USAGE,
-        (1, "no node in the election, or the leader refused or could not be reached"),
+        (Exit.FAILED, "the leader's znode does not parse, or it refused for another reason"),
         OTHER,
-        UNAVAILABLE,
+        (
+            Exit.TEMPFAIL,
+            "no leader to ask (none in the election, unreachable, or no longer leading), or "
+            "ZooKeeper unreachable: retry later",
+        ),
         CONFIG,
+        (Exit.CONFIG, "node.admin_token is not set, or the leader refused it"),
     ),
 )
 @click.option(
     "--timeout",
-    type=FiniteFloatRange(0.0, 3600.0, min_open=True),
-    default=5.0,
-    help="HTTP timeout in seconds.",
+    type=Duration(maximum=3600 * SECOND, bare_unit="s"),
+    default="5s",
+    show_envvar=True,
+    help="HTTP timeout (5s, 500ms; a bare number of seconds is deprecated).",
 )
 @click.option("--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object.")
 @config_options
 def step_down(
-    timeout: float, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
+    timeout: timedelta, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
 ) -> None:
     """Ask the current leader to hand over at once (needs node.admin_token)."""
     from allocator.cluster_status import read_contenders_once
@@ -321,13 +346,13 @@ def step_down(
     config = config_mod.load_from_options(config_path, set_pairs)
     token = config.node.admin_token.get_secret_value()
     if not token:
-        raise UsageError(
+        raise ConfigError(
             "node.admin_token is not set (ALLOCATOR_NODE_ADMIN_TOKEN_FILE names a file that "
             "holds it; or ALLOCATOR_NODE_ADMIN_TOKEN, or the config file)"
         )
     contenders = read_contenders_once(config)
     if not contenders:
-        raise AllocatorError("no node is in the election")
+        raise LeaderUnavailableError("no node is in the election: no leader to ask")
     if contenders[0].problem is not None:
         # Not what our nodes write: do not send the token to an address someone else chose.
         raise AllocatorError(
@@ -343,19 +368,26 @@ def step_down(
         headers={"Authorization": f"Bearer {token}"},
     )
     try:
-        with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310
+        with urllib.request.urlopen(  # noqa: S310
+            request, timeout=timeout.total_seconds()
+        ) as response:
             body = json.loads(response.read() or b"{}")
     except urllib.error.HTTPError as exc:
         with exc:  # its socket
             answer = _error_of(exc.read())
         if exc.code == HTTPStatus.CONFLICT:
-            raise AllocatorError(
+            raise LeaderUnavailableError(
                 f"{leader.name} no longer leads (HTTP 409): the election moved on; see "
                 "`allocator status`"
             ) from None  # the code says it all; the cause would only repeat it
+        if exc.code in (HTTPStatus.UNAUTHORIZED, HTTPStatus.FORBIDDEN):
+            raise ConfigError(
+                f"leader {leader.name} refused node.admin_token: HTTP {exc.code} ({answer}); "
+                "give the token the nodes were configured with"
+            ) from None
         raise AllocatorError(f"leader {leader.name} refused: HTTP {exc.code} ({answer})") from None
     except OSError as exc:
-        raise AllocatorError(
+        raise LeaderUnavailableError(
             f"cannot reach leader {leader.name} at {leader.admin_address}"
         ) from exc
     if as_json:

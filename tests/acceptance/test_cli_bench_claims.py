@@ -34,7 +34,7 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
 
 def test_bench_claims_json(state_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    flags = ["--clients", "1,2", "--seconds", "1", "--json", "--json-out", str(out)]
+    flags = ["--clients", "1,2", "--duration", "1s", "--json", "--json-out", str(out)]
     done = subprocess.run(
         [ALLOCATOR, "bench", "claims", *flags, "--state-dir", str(state_dir)],
         capture_output=True,

@@ -32,7 +32,16 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
 
 def test_bench_client_json(state_dir: Path, tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
-    flags = ["--seconds", "0.5", "--threads", "1,2", "--pool-blocks", "512", "--batch-blocks", "4"]
+    flags = [
+        "--duration",
+        "500ms",
+        "--threads",
+        "1,2",
+        "--pool-blocks",
+        "512",
+        "--batch-blocks",
+        "4",
+    ]
     flags += ["--json", "--json-out", str(out), "--state-dir", str(state_dir)]
     done = subprocess.run(
         [ALLOCATOR, "bench", "client", *flags],

@@ -10,6 +10,7 @@ import sys
 import psycopg
 import pytest
 
+from allocator.core.exits import Exit
 from tests.fixtures.pg import cut, take_fence
 
 pytestmark = pytest.mark.integration
@@ -17,7 +18,7 @@ pytestmark = pytest.mark.integration
 EPOCH = 3
 FIRST = 1 << 22
 SIZE = 16
-EX_USAGE, EX_TEMPFAIL = 2, 75
+EX_USAGE, EX_TEMPFAIL = Exit.USAGE, Exit.TEMPFAIL
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

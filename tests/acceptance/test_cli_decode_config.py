@@ -10,10 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from allocator.core.exits import Exit
 from allocator.core.layout import MAX_ID, Layout
 
 SAMPLE_ID = 1_234_567_890_123_456_789
-EX_USAGE, EX_CONFIG = 2, 78
+EX_USAGE, EX_CONFIG = Exit.USAGE, Exit.CONFIG
 
 
 def run(
@@ -200,7 +201,7 @@ def test_migrate_to_base_is_never_confirmed_by_the_environment() -> None:
     result = run(
         "migrate", "--to", "base", "--database-url", "postgresql://x@127.0.0.1:1/x", env=env
     )
-    assert result.returncode == 2
+    assert result.returncode == EX_USAGE
     assert "add --yes" in result.stderr
     env = {"ALLOCATOR_MIGRATE_TO": "base", "ALLOCATOR_MIGRATE_YES": "1"}
     result = run("migrate", "--check", "--database-url", "postgresql://x@127.0.0.1:1/x", env=env)
@@ -240,9 +241,11 @@ def test_config_check_database_without_standbys_is_valid(db_url: str) -> None:
 
 
 def test_config_check_database_unreachable_is_a_problem(unused_tcp_port: int) -> None:
+    """A problem listed like the others, exiting 75 as an unreachable server does for
+    every command (retry later), not 78 (the configuration may be right)."""
     url = f"postgresql://nobody@127.0.0.1:{unused_tcp_port}/x"
     result = run("config", "check", "--database", env={"ALLOCATOR_POSTGRES_URL": url})
-    assert result.returncode == EX_CONFIG
+    assert result.returncode == Exit.TEMPFAIL
     assert "error: postgres.url: cannot check replication" in result.stderr
 
 

@@ -24,7 +24,7 @@ def test_demo_runs_and_stops_every_process_it_started() -> None:
     state_dir.chmod(0o755)
     try:
         result = subprocess.run(
-            [*ALLOCATOR, "demo", "--phase-s", "2", "--state-dir", str(state_dir)],
+            [*ALLOCATOR, "demo", "--phase", "2s", "--state-dir", str(state_dir)],
             capture_output=True,
             text=True,
             timeout=DEMO_TIMEOUT_S,

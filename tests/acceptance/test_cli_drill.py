@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from allocator.core.exits import Exit
 from allocator.drill import report_png
 from allocator.drill.scenarios import SCENARIOS
 from allocator.local.cluster import LocalCluster
@@ -77,7 +78,7 @@ def test_every_scenario_once_passes_writes_a_report_and_stops_everything(
     done = subprocess.run(
         [
             ALLOCATOR, "drill", "--scenario", "all", "--rounds", "1", "--zk", "1",
-            "--session-timeout-ms", "2000", "--json", "--state-dir", str(state_dir),
+            "--session-timeout", "2s", "--json", "--state-dir", str(state_dir),
             "--json-out", str(out), "--report", str(report_dir),
         ],
         capture_output=True,
@@ -152,7 +153,7 @@ def test_step_down_drill_on_nodes_with_a_broken_fence_fails_and_names_the_violat
     """Nodes that keep writing with their old token after a step-down (and bypass the
     database's fence) make two leaders write at once: the drill must exit non-zero and
     name the stale writes (I3) in its JSON and its error line."""
-    common = ["--state-dir", str(state_dir), "--session-timeout-ms", "2000"]
+    common = ["--state-dir", str(state_dir), "--session-timeout", "2s"]
     started = allocator("local", "up", "--zk", "1", "--nodes", "0", "--json", *common)
     assert started.returncode == 0, started.stderr
     superuser_url = json.loads(started.stdout)["database_url"]
@@ -207,14 +208,14 @@ def test_drill_against_a_running_cluster_and_through_a_config_file(
     """``--against`` drills a running local cluster and leaves it running; ``--config``
     drills it as a deployed cluster (step-down only). A scenario the target cannot run is
     refused before anything happens, with the reason (exit 2)."""
-    common = ["--state-dir", str(state_dir), "--session-timeout-ms", "2000"]
+    common = ["--state-dir", str(state_dir), "--session-timeout", "2s"]
     started = allocator("local", "up", "--zk", "1", "--nodes", "3", *common)
     assert started.returncode == 0, started.stderr
     info = LocalCluster(state_dir).status()
     against = ["--against", str(state_dir)]
 
     refused = allocator("drill", *against, "--scenario", "pg-partition")
-    assert refused.returncode == 2, refused.stderr
+    assert refused.returncode == Exit.USAGE, refused.stderr
     assert "proxies" in refused.stderr.strip().splitlines()[-1]
 
     out = tmp_path / "against.json"
@@ -242,7 +243,7 @@ def test_drill_against_a_running_cluster_and_through_a_config_file(
     )
     config.chmod(0o600)
     refused = allocator("drill", "--config", str(config), "--scenario", "kill")
-    assert refused.returncode == 2, refused.stderr
+    assert refused.returncode == Exit.USAGE, refused.stderr
     assert "signals" in refused.stderr.strip().splitlines()[-1]
 
     done = allocator(

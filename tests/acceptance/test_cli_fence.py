@@ -27,6 +27,7 @@ from kazoo.client import KazooClient
 from kazoo.security import OPEN_ACL_UNSAFE
 from psycopg import sql
 
+from allocator.core.exits import Exit
 from allocator.fence import Token, Watermark
 from allocator.postgres import operator as db
 from allocator.zookeeper import client as zkclient
@@ -44,7 +45,7 @@ CHROOT = "/eu1"
 ELECTION_PATH = "/allocator/election"
 GENERATION_ZNODE = CHROOT + "/allocator/fence-generation"
 WATERMARK_ZNODE = CHROOT + "/allocator/db-watermark"
-EX_USAGE, EX_TEMPFAIL, EX_CONFIG = 2, 75, 78
+EX_USAGE, EX_TEMPFAIL, EX_CONFIG = Exit.USAGE, Exit.TEMPFAIL, Exit.CONFIG
 REBASE_KEYS = {
     "old_generation",
     "old_epoch",

@@ -113,7 +113,7 @@ def test_nodes_under_the_supervisor(state_dir: Path) -> None:
     flags = ("--zk", "1", "--nodes", "2", "--json", "--no-migrate", "--state-dir", state_dir)
     node_flags = ("--node-command", STAND_IN, "--node-env", "ALLOCATOR_POOL_MIN_BLOCKS=8")
     up: dict[str, Any] = json.loads(
-        ok("local", "up", *flags, *node_flags, "--session-timeout-ms", "6000")
+        ok("local", "up", *flags, *node_flags, "--session-timeout", "6s")
     )
     assert up.keys() >= DESIGN_KEYS | {"node_database_url", "consumer_database_url"}
     assert [n["name"] for n in up["nodes"]] == ["node-1", "node-2"]

@@ -133,7 +133,7 @@ def test_watch_migrate_and_the_local_actions_print_json(local_cluster: ClusterIn
     env = exports(local_cluster.state_dir)
     wait_for_pool(env)
 
-    watched = invoke("watch", "--json", "--duration", "1", env=env)
+    watched = invoke("watch", "--json", "--duration", "1s", env=env)
     assert watched.exit_code == 0, watched.output
     lines = [json.loads(line) for line in watched.stdout.splitlines()]
     assert {line["event"] for line in lines} >= {"leader", "fence", "pool"}
@@ -218,7 +218,7 @@ def test_kazoo_warns_nothing_before_the_one_error_line(
     commands = {
         "status": ["status", "--json"],
         "step-down": ["step-down"],
-        "watch": ["watch", "--json", "--duration", "1.5"],
+        "watch": ["watch", "--json", "--duration", "1500ms"],
     }
     running = {
         name: subprocess.Popen(

@@ -18,13 +18,14 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from allocator.core.exits import Exit
 from tests.fixtures.pg import claim, cut, layout_blocks, take_fence
 
 pytestmark = pytest.mark.integration
 
 ALLOCATOR = str(Path(sys.executable).with_name("allocator"))
 EPOCH = 55
-EX_USAGE, EX_TEMPFAIL = 2, 75
+EX_USAGE, EX_TEMPFAIL = Exit.USAGE, Exit.TEMPFAIL
 REASON = "restore INC-7 step 1"
 
 
@@ -135,7 +136,7 @@ def test_pause_waits_for_a_claim_begun_before_it(db_url: str) -> None:
 def test_a_claim_open_past_the_timeout_is_named_and_claims_stay_paused(db_url: str) -> None:
     with psycopg.connect(db_url, application_name="stuck-consumer") as holder:
         claim(holder, "stuck")
-        done = cli("pause", "--reason", REASON, "--timeout", "0.5", url=db_url)
+        done = cli("pause", "--reason", REASON, "--timeout", "500ms", url=db_url)
         assert done.returncode == EX_TEMPFAIL, done.stderr
         assert "claims are paused" in done.stderr
         assert f"pid {holder.info.backend_pid}" in done.stderr
@@ -153,7 +154,7 @@ def test_a_claim_open_past_the_timeout_is_named_and_claims_stay_paused(db_url: s
     [
         (["pause", "--reason", "  "], "--reason must say why"),
         (["resume", "--reason", ""], "--reason must say why"),
-        (["pause", "--reason", "x", "--timeout", "0"], "--timeout"),
+        (["pause", "--reason", "x", "--timeout", "0s"], "--timeout"),
     ],
 )
 def test_bad_input_is_refused_before_any_change(db_url: str, args: list[str], message: str) -> None:

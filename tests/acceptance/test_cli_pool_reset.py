@@ -22,6 +22,7 @@ import psycopg
 import pytest
 from kazoo.client import KazooClient
 
+from allocator.core.exits import Exit
 from allocator.core.layout import Layout
 from allocator.fence import Token, Watermark, watermark_path
 from allocator.local.info import ClusterInfo
@@ -33,7 +34,7 @@ pytestmark = pytest.mark.integration
 
 ALLOCATOR = str(Path(sys.executable).with_name("allocator"))
 EPOCH = 77
-EX_USAGE, EX_OTHER, EX_TEMPFAIL = 2, 1, 75
+EX_USAGE, EX_OTHER, EX_TEMPFAIL = Exit.USAGE, Exit.FAILED, Exit.TEMPFAIL
 REASON = "restored from the nightly dump"
 UNREACHABLE = "--old-database-unreachable"
 

@@ -36,6 +36,7 @@ from click.testing import CliRunner
 from psycopg import sql
 
 from allocator import cli
+from allocator.core.exits import Exit
 from allocator.local import nodes as nodes_mod
 from tests.chaos.harness import ChaosCluster, ExtraNode, chaos_consumers, now_utc
 from tests.fixtures.cluster import cluster_pids
@@ -197,7 +198,7 @@ def test_no_secret_in_any_log_output_or_process_list(tmp_path: Path) -> None:
             ("config", "check", "--json", "--database"),
             ("run", "--check"),
             ("fence", "status", "--json"),
-            ("watch", "--duration", "1"),
+            ("watch", "--duration", "1s"),
             ("local", "status", "--json", "--state-dir", str(chaos.state_dir)),
         ):
             assert run(*args).code == 0, run.outputs[-1]
@@ -230,7 +231,7 @@ def test_no_secret_in_any_log_output_or_process_list(tmp_path: Path) -> None:
             run("migrate", "--database-url", operator_url),  # refused: a password on the line
         ]
         assert all(done.code != 0 for done in failing), run.outputs[-len(failing) :]
-        assert failing[-1].code == 2
+        assert failing[-1].code == Exit.USAGE
 
         # Every process of the cluster, as the process list shows it, while it runs.
         pids = [*cluster_pids(chaos.info()), *(e.pid for e in extras if e.exit_code is None)]

@@ -12,8 +12,9 @@ raise :class:`Reached` instead: opening a PostgreSQL connection, starting a kazo
 starting the embedded cluster's servers (``LocalCluster.up`` runs up to there: its state
 folder, lock and record are real; ``local up``, ``demo``, ``drill``, ``bench``), building a
 node (``run``), spawning a process and any HTTP request. Reaching one means the arguments
-passed validation; then every float option in effect must be finite and not negative (a
-NaN or a negative duration must be refused before the work starts).
+passed validation; then every float option in effect must be finite and not negative, and
+every duration not negative (a NaN or a negative duration must be refused before the work
+starts).
 
 Inputs (``ci`` profile): 25 per command (28 commands: 700), 40 per command group (the
 ``allocator`` group and its 5 subgroups: 240).
@@ -25,6 +26,7 @@ import math
 import subprocess
 import urllib.request
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -37,6 +39,7 @@ from kazoo.client import KazooClient
 
 from allocator.cli import main
 from allocator.commands import run as run_cmd
+from allocator.commands.options import Duration
 from allocator.core import logs
 from allocator.local.cluster import LocalCluster
 from tests.fuzz.clikit import check_answer, clean_environment, invoke
@@ -186,9 +189,50 @@ def numbers(kind: click.ParamType) -> st.SearchStrategy[str]:
     )
 
 
+DURATION_TEXT = [
+    "0",
+    "0s",
+    "-1s",
+    "-0s",
+    "1",
+    "1.5",
+    "30s",
+    "500ms",
+    "1m30s",
+    "2h",
+    "1.5ms",
+    "0.0001ms",
+    "1e3s",
+    "inf",
+    "nans",
+    "1d",
+    "1 s",
+    "1S",
+    "\u0661s",  # an Arabic-Indic digit one
+    "9" * 40 + "h",
+    "87600h",
+    "87601h",
+]
+"""Durations at the edges of :mod:`allocator.core.durations`: zero, signs, bare numbers,
+fractions finer than a microsecond, units it does not know, too long."""
+
+
+def durations(kind: Duration) -> st.SearchStrategy[str]:
+    edges = [str(kind.minimum), str(kind.maximum)]  # a timedelta's own text: not a duration
+    return st.one_of(
+        st.sampled_from(DURATION_TEXT + edges),
+        st.tuples(st.integers(0, 10**6), st.sampled_from(["ms", "s", "m", "h"])).map(
+            lambda pair: f"{pair[0]}{pair[1]}"
+        ),
+        texts,
+    )
+
+
 def plausible(param: click.Parameter) -> st.SearchStrategy[str]:
     """A value of the right type, often in range: gets past click to the command's checks."""
     kind = param.type
+    if isinstance(kind, Duration):
+        return durations(kind)
     if isinstance(kind, click.Choice):
         return st.sampled_from([str(choice) for choice in kind.choices])
     if isinstance(kind, click.IntRange):
@@ -216,6 +260,8 @@ def value_for(param: click.Parameter) -> st.SearchStrategy[str]:
         return PATHS
     if isinstance(kind, click.IntRange | click.FloatRange) or kind in (click.INT, click.FLOAT):
         return numbers(kind)
+    if isinstance(kind, Duration):
+        return durations(kind)
     return texts
 
 
@@ -295,10 +341,12 @@ def run_in_fresh_folder(base: Path, args: list[str], counter: list[int]) -> None
 def check_reached(args: list[str], params: dict[str, Any]) -> None:
     """The command passed validation: what it would work with must make sense."""
     for name, value in params.items():
+        shown = f"allocator {args!r}: --{name} = {value} reached the work"
         if isinstance(value, float):
-            shown = f"allocator {args!r}: --{name} = {value} reached the work"
             assert math.isfinite(value), shown
             assert value >= 0, shown
+        if isinstance(value, timedelta):
+            assert value >= timedelta(0), shown
 
 
 @pytest.mark.parametrize(("path", "command"), LEAVES, ids=_ids(LEAVES))

@@ -31,6 +31,7 @@ from pydantic import SecretStr
 from allocator import config as config_mod
 from allocator.config import KEYS, SECTIONS, Config, env_name, load_config, load_from_options
 from allocator.core.errors import ConfigError, InvalidConfigError, UsageError
+from allocator.core.exits import Exit
 from tests.fuzz.profiles import examples
 
 NOW_MS = 1_800_000_000_000  # 2027-01-15: "the epoch is not in the future" is deterministic
@@ -211,7 +212,7 @@ def check_outcome(load: Callable[[], Config]) -> str:
     assert message, error
     assert one_line(message), message
     assert SECRET not in message, message
-    assert error.exit_code in (2, 78)
+    assert error.exit_code in (Exit.USAGE, Exit.CONFIG)
     if not isinstance(error, InvalidConfigError):
         return type(error).__name__
     assert error.problems

@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from allocator.core.errors import InvalidIdError
+from allocator.core.exits import Exit
 from allocator.core.layout import MAX_ID, Layout, parse_id
 from tests.fuzz.clikit import check_answer, clean_environment, invoke
 from tests.fuzz.profiles import examples
@@ -103,7 +104,7 @@ def test_parse_id(text: str) -> None:
         assert message
         assert "\n" not in message, message
         assert "\r" not in message, message
-        assert caught.value.exit_code == 2
+        assert caught.value.exit_code == Exit.USAGE
         assert len(message) < 200, message  # long input is abbreviated
     else:
         assert parse_id(text) == expected
@@ -169,7 +170,7 @@ def test_decode_command(monkeypatch: pytest.MonkeyPatch) -> None:
             assert result.stdout.startswith("Usage:")
             return
         if expected is None:
-            assert result.exit_code == 2, result.output
+            assert result.exit_code == Exit.USAGE, result.output
             assert result.stdout == ""
             return
         assert result.exit_code == 0, result.output

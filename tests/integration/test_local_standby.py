@@ -107,7 +107,7 @@ def test_cli_pg_failover_without_a_standby_is_a_usage_error(tmp_path: Path) -> N
         result = CliRunner().invoke(
             main, ["local", "pg-failover", "--state-dir", str(cluster.state_dir)]
         )
-        assert result.exit_code == 2, result.output
+        assert result.exit_code == UsageError.exit_code, result.output
         assert "no standby to promote" in result.output
         info = cluster.status()
         assert [s.role for s in info.pg_servers] == ["primary"]

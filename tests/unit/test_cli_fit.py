@@ -33,6 +33,7 @@ from allocator import cluster_status as status_mod
 from allocator import config as config_mod
 from allocator.commands import options
 from allocator.core import errors
+from allocator.core.exits import Exit
 from allocator.local.cluster import LocalCluster
 from allocator.local.info import ClusterInfo, PostgresInfo
 from allocator.zookeeper import client as zkclient
@@ -42,7 +43,7 @@ from tests.fuzz.clikit import EXIT_CODES
 ROOT = Path(__file__).resolve().parents[2]
 ZK_AUTH = "allocator-1a2b3c4d:Zk-Secret-Value-not-to-print-0123"
 ADMIN_TOKEN = "Admin-Token-Value-not-to-print-0123456789"
-NODE_EXIT_CODES = {3, 4}
+NODE_EXIT_CODES = {Exit.SESSION_LOST, Exit.FENCED}
 """``allocator run``'s own: ZooKeeper session lost, fenced (allocator.node)."""
 NO_JSON = {
     ("run",): "a node; `run --check` prints the effective config as JSON already",
@@ -89,16 +90,17 @@ def test_every_help_lists_the_exit_codes(path: tuple[str, ...], command: click.C
     listed = result.output.split(heading, 1)[1]
     codes = [int(m) for m in re.findall(r"^ {4}(\d+) +\S", listed, flags=re.MULTILINE)]
     assert codes == sorted(set(codes)), listed
-    assert {0, 2} <= set(codes), listed  # success, and click's own usage errors
-    node_codes = NODE_EXIT_CODES if path == ("run",) else set()
+    assert {Exit.OK, Exit.USAGE} <= set(codes), listed  # success, and click's own usage errors
+    node_codes = NODE_EXIT_CODES if path in {("run",), ()} else set()
     assert set(codes) <= EXIT_CODES | node_codes, f"undocumented exit code in {listed}"
 
 
 def test_the_exit_codes_come_from_the_errors_module() -> None:
     assert options.USAGE[0] == errors.UsageError.exit_code
     assert options.CONFIG[0] == errors.ConfigError.exit_code
-    assert options.UNAVAILABLE[0] == errors.ZooKeeperUnavailableError.exit_code
-    assert options.UNAVAILABLE[0] == errors.DatabaseUnavailableError.exit_code
+    assert options.CONFIG[0] == errors.DatabaseLoginError.exit_code
+    assert options.UNREACHABLE[0] == errors.ZooKeeperUnavailableError.exit_code
+    assert options.UNREACHABLE[0] == errors.DatabaseUnavailableError.exit_code
     assert options.PREREQUISITE[0] == errors.PrerequisiteError.exit_code
     assert options.SERVER_START[0] == errors.ServerStartError.exit_code
     assert options.PORT_IN_USE[0] == errors.PortInUseError.exit_code
@@ -360,7 +362,7 @@ def test_watch_json_is_one_object_per_line(monkeypatch: pytest.MonkeyPatch) -> N
 
     monkeypatch.setattr(status_mod, "gather", gather)
     monkeypatch.setattr(time, "sleep", lambda seconds: None)  # watch waits between reads
-    result = invoke("watch", "--json", "--duration", "0.2")
+    result = invoke("watch", "--json", "--duration", "200ms")
     assert result.exit_code == 0, result.output
     assert result.stderr == ""
     lines = [json.loads(line) for line in result.stdout.splitlines()]
@@ -433,7 +435,7 @@ def test_step_down_json_with_the_token_from_a_file(
 
 def test_step_down_without_a_token_names_the_file_variable() -> None:
     result = invoke("step-down", "--json")
-    assert result.exit_code == errors.UsageError.exit_code
+    assert result.exit_code == errors.ConfigError.exit_code
     [line] = result.stderr.splitlines()
     assert "ALLOCATOR_NODE_ADMIN_TOKEN_FILE" in line
 

@@ -17,7 +17,8 @@ from click.testing import CliRunner, Result
 
 from allocator import cli
 from allocator.commands import options
-from allocator.core import redact
+from allocator.core import errors, redact
+from allocator.core.exits import Exit
 
 PG_SECRET = "Pg-Secr3t-on-the-line"
 URL_WITH_PASSWORD = f"postgresql://operator:{PG_SECRET}@127.0.0.1:1/allocator"
@@ -118,7 +119,7 @@ def test_migrate_yes_from_the_environment_does_not_drop_the_schema() -> None:
         "base",
         env={"ALLOCATOR_MIGRATE_YES": "1", "ALLOCATOR_MIGRATE_TARGET": "base"},
     )
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == errors.UsageError.exit_code, result.output
     assert "add --yes to confirm" in result.stderr
     assert "Traceback" not in result.output
 
@@ -134,7 +135,7 @@ def test_a_password_on_the_command_line_is_refused_by_every_command() -> None:
     }
     for path in paths:
         result = invoke(*path, "--database-url", URL_WITH_PASSWORD)
-        assert result.exit_code == 2, (path, result.output)
+        assert result.exit_code == errors.UsageError.exit_code, (path, result.output)
         variable = "ALLOCATOR_" + "_".join(path).upper().replace("-", "_") + "_DATABASE_URL"
         assert result.stderr.startswith("error: --database-url must not carry a password")
         assert variable in result.stderr
@@ -168,7 +169,7 @@ def test_database_url_file_errors_are_one_line(tmp_path: Path) -> None:
         ),
     ]:
         result = invoke("claim", "--consumer", "c", *args)
-        assert result.exit_code == 2, result.output
+        assert result.exit_code == errors.UsageError.exit_code, result.output
         assert message in result.stderr
         assert result.stderr.count("\n") == 1
 
@@ -188,7 +189,7 @@ def test_a_password_free_url_on_the_command_line_is_fine() -> None:
 )
 def test_local_up_refuses_a_secret_node_variable(pair: str, tmp_path: Path) -> None:
     result = invoke("local", "up", "--state-dir", str(tmp_path), "--node-env", pair)
-    assert result.exit_code == 2, result.output
+    assert result.exit_code == errors.UsageError.exit_code, result.output
     assert "a secret is never taken from the command line" in result.stderr
     assert pair.partition("=")[2] not in result.output
     assert not (tmp_path / "cluster.json").exists()
@@ -196,7 +197,7 @@ def test_local_up_refuses_a_secret_node_variable(pair: str, tmp_path: Path) -> N
 
 def test_click_usage_errors_are_masked() -> None:
     result = invoke("claim", "--consumer", "c", "--count", URL_WITH_PASSWORD)
-    assert result.exit_code == 2
+    assert result.exit_code == errors.UsageError.exit_code
     assert "Invalid value for '--count'" in result.output
     assert PG_SECRET not in result.output
 
@@ -209,7 +210,7 @@ def test_an_unexpected_error_prints_a_masked_traceback() -> None:
         raise RuntimeError(f"bug near {URL_WITH_PASSWORD} password=Zz9-pw")
 
     result = CliRunner().invoke(group, ["boom"])
-    assert result.exit_code == 1
+    assert result.exit_code == Exit.SOFTWARE  # a bug
     assert "Traceback" in result.stderr
     assert "RuntimeError" in result.stderr
     assert PG_SECRET not in result.output

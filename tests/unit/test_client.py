@@ -30,6 +30,7 @@ from allocator.client import (
     merge_ranges,
 )
 from allocator.core.errors import AllocatorError, DatabaseError, DatabaseUnavailableError
+from allocator.core.exits import Exit
 
 FIRST = 1 << 22
 DEADLINE_S = 10.0
@@ -255,7 +256,7 @@ def test_bad_arguments_fail_at_once_and_stop_the_claimer(make_client: MakeClient
         client.next_id()
     assert time.monotonic() - started < 10  # not the 30 s deadline
     assert caught.value.sqlstate == "AL001"
-    assert caught.value.exit_code == 2
+    assert caught.value.exit_code == Exit.USAGE
     with pytest.raises(ClaimArgumentError):
         client.next_id()
     assert claimer.calls == 1

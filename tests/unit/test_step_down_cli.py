@@ -6,11 +6,10 @@ from __future__ import annotations
 import pytest
 
 from allocator import cluster_status as status_mod
+from allocator.core.exits import Exit
 from allocator.zookeeper.election import Contender, Identity
 from tests.admin_server import TOKEN, Stubs, served
 from tests.fuzz.clikit import clean_environment, invoke
-
-EX_FAILURE = 1
 
 
 def _lead_from(monkeypatch: pytest.MonkeyPatch, admin_url: str, token: str) -> None:
@@ -37,23 +36,33 @@ def test_a_leader_that_hands_over_is_named_with_its_admin_url(
 
 
 @pytest.mark.parametrize(
-    ("leading", "token", "line"),
+    ("leading", "token", "code", "line"),
     [
-        (False, TOKEN, "error: node-1 no longer leads (HTTP 409): the election moved on; see "),
-        (True, "another-token-0123456789-abcdefgh", "error: leader node-1 refused: HTTP 403 "),
+        (
+            False,
+            TOKEN,
+            Exit.TEMPFAIL,  # the election moved on: ask again
+            "error: node-1 no longer leads (HTTP 409): the election moved on; see ",
+        ),
+        (
+            True,
+            "another-token-0123456789-abcdefgh",
+            Exit.CONFIG,  # the token is not the nodes': asking again cannot help
+            "error: leader node-1 refused node.admin_token: HTTP 403 ",
+        ),
     ],
 )
 def test_a_refusal_is_one_readable_line(
-    monkeypatch: pytest.MonkeyPatch, leading: bool, token: str, line: str
+    monkeypatch: pytest.MonkeyPatch, leading: bool, token: str, code: Exit, line: str
 ) -> None:
     with served(stubs=Stubs(leading=leading)) as server:
         _lead_from(monkeypatch, server.server.url, token)
         result = invoke(["step-down"])
-    assert result.exit_code == EX_FAILURE
+    assert result.exit_code == code, result.output
     (error,) = result.stderr.splitlines()
     assert error.startswith(line)
     assert "b'" not in error  # the answer's text, not a bytes repr
     if not leading:
         assert error.endswith("`allocator status`")
     else:
-        assert error.endswith("(wrong admin token)")
+        assert "(wrong admin token)" in error

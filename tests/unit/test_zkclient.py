@@ -13,6 +13,7 @@ from kazoo.security import READ_ACL_UNSAFE, make_digest_acl
 from allocator import cli, fence
 from allocator.config import Config, load_config
 from allocator.core.errors import ConfigError
+from allocator.core.exits import Exit
 from allocator.zookeeper import client as zkclient
 from tests.fakes import FakeEnsemble
 
@@ -131,6 +132,6 @@ def test_config_check_says_when_a_node_would_run_without_acls(
 
 def test_set_cannot_carry_the_zookeeper_identity() -> None:
     result = invoke("status", "--set", f"zookeeper.auth={AUTH}")
-    assert result.exit_code == 2
+    assert result.exit_code == Exit.USAGE
     assert "ALLOCATOR_ZOOKEEPER_AUTH" in result.output
     assert "s3cr3t" not in result.output
