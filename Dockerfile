@@ -15,7 +15,7 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 # Only what the distribution is built from (pyproject.toml lists its packages): no tests.
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY allocator ./allocator
 COPY migrations ./migrations
 COPY jobs ./jobs
