@@ -1,8 +1,9 @@
 """Issue 12, item 10: the client-only install.
 
-``pip install allocator`` installs what ``allocator.client`` needs and nothing of the node
-(``pip install 'allocator[node]'``: kazoo, APScheduler, SQLAlchemy, Alembic, click,
-pydantic, ...). Checked in two halves, offline and in a second or two:
+``pip install snowflake-block-allocator`` installs what ``allocator.client`` needs and
+nothing of the node (``pip install 'snowflake-block-allocator[node]'``: kazoo, APScheduler,
+SQLAlchemy, Alembic, click, pydantic, ...). Checked in two halves, offline and in a second
+or two:
 
 1. The requirements: the base ``dependencies`` of pyproject.toml, followed through the
    installed distributions' own requirements (markers and extras evaluated, as pip would),
@@ -12,7 +13,7 @@ pydantic, ...). Checked in two halves, offline and in a second or two:
    ``.dist-info`` included -- and the ``allocator`` package imports ``allocator.client``,
    finds none of the node extra's modules, hands out IDs from an in-memory pool and, against
    a real database, from ``IdClient`` over a consumer role. The ``allocator`` console script
-   there says in one line how to install the node's dependencies.
+   there says in one line how to install the node's dependencies, and tells its version.
 
 The environment links the package source rather than a built wheel: building one needs
 setuptools from PyPI (build isolation). The distribution's contents are pyproject.toml's
@@ -37,6 +38,7 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from allocator import DISTRIBUTION, VERSION_MESSAGE, __version__
 from tests.fixtures.pg import consumer_login, cut, take_fence
 
 pytestmark = pytest.mark.integration
@@ -85,11 +87,11 @@ NODE_MODULES = import_names(closure(NODE) - CLIENT_DISTRIBUTIONS) - import_names
 
 def test_the_base_install_pulls_in_nothing_of_the_node() -> None:
     assert {"psycopg", "psycopg-binary", "psycopg-pool"} <= CLIENT_DISTRIBUTIONS
-    assert canonicalize_name("allocator") not in CLIENT_DISTRIBUTIONS
+    assert canonicalize_name(DISTRIBUTION) not in CLIENT_DISTRIBUTIONS
     assert NAMED_IN_THE_ISSUE <= NODE_DISTRIBUTIONS
     assert not CLIENT_DISTRIBUTIONS & NODE_DISTRIBUTIONS
     # The development install still gets the node: `make venv` installs `.[dev]`.
-    assert "allocator[node]" in PYPROJECT["project"]["optional-dependencies"]["dev"]
+    assert f"{DISTRIBUTION}[node]" in PYPROJECT["project"]["optional-dependencies"]["dev"]
 
 
 @dataclass(frozen=True)
@@ -166,7 +168,16 @@ def test_the_console_script_says_how_to_install_the_node(client_env: ClientOnlyE
     assert result.returncode == 69, result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1
-    assert "pip install 'allocator[node]'" in result.stderr
+    assert "pip install 'snowflake-block-allocator[node]'" in result.stderr
+
+
+def test_the_console_script_tells_its_version_without_the_node(client_env: ClientOnlyEnv) -> None:
+    result = client_env.run(
+        "import sys; sys.argv[1:] = ['--version']; import allocator.console as c; c.main()"
+    )
+    assert result.returncode == 0, result.stderr
+    fields = {"prog": "allocator", "version": __version__, "package": DISTRIBUTION}
+    assert result.stdout == VERSION_MESSAGE % fields + "\n"
 
 
 @pytest.fixture
