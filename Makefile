@@ -22,6 +22,8 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	@# Up to 0.1.0 the distribution was called `allocator`; it owns the same import package.
+	@if $(BIN)/pip show -q allocator >/dev/null 2>&1; then $(BIN)/pip uninstall -q -y allocator; fi
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $@
 

@@ -41,7 +41,7 @@ from typing import Any
 
 import click
 
-from allocator import __version__
+from allocator import DISTRIBUTION, VERSION_MESSAGE, __version__
 from allocator.commands.options import GROUP_CODES, exit_codes
 from allocator.core import errors, logs, redact
 
@@ -96,7 +96,9 @@ class _Group(click.Group):
     context_settings={"auto_envvar_prefix": "ALLOCATOR", "show_default": True},
     epilog=exit_codes(*GROUP_CODES),
 )
-@click.version_option(__version__, prog_name="allocator")
+@click.version_option(
+    __version__, package_name=DISTRIBUTION, prog_name="allocator", message=VERSION_MESSAGE
+)
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """Leader-elected allocator of Snowflake ID blocks."""
