@@ -6,6 +6,9 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# Two workers, one test file each at a time (module fixtures stay whole); each worker runs its
+# own ZooKeeper and PostgreSQL (tests/fixtures/cluster.py). PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: all demo test lint unit integration system-deps test-deps venv clean
 
@@ -33,7 +36,7 @@ lint: venv
 	$(BIN)/mypy --strict allocator jobs
 
 test: test-deps venv lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
