@@ -39,8 +39,8 @@ ENV PATH="/opt/allocator/bin:${PATH}" \
 USER 10001:10001
 WORKDIR /var/lib/allocator
 # The admin HTTP server (/metrics, /healthz, /readyz, /status) when node.admin_address is
-# 0.0.0.0:9100; it binds to loopback unless configured.
-EXPOSE 9100
+# 0.0.0.0:8470; it binds to loopback unless configured.
+EXPOSE 8470
 # SIGTERM: the leader ends its term and deletes its znode, so the next node leads at once.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["allocator"]

@@ -47,6 +47,7 @@ NODE_EXIT_CODES = {3, 4}
 NO_JSON = {
     ("run",): "a node; `run --check` prints the effective config as JSON already",
     ("demo",): "a show for people; `drill --json` is its machine-readable counterpart",
+    ("alerts", "render"): "prints Prometheus rules (YAML) for a file, not a report",
 }
 
 
