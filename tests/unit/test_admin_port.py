@@ -55,7 +55,7 @@ def admin_port() -> int:
 
 
 def scanned_files() -> list[Path]:
-    files = [ROOT / "Dockerfile"]
+    files = [ROOT / "Dockerfile", ROOT / "README.md"]
     for folder in (ROOT / "deploy", ROOT / "docs"):
         files += sorted(
             path for path in folder.rglob("*") if path.is_file() and path.suffix in TEXT_SUFFIXES

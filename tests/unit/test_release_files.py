@@ -110,3 +110,12 @@ def test_every_pip_install_names_the_distribution_never_allocator() -> None:
     assert ("Dockerfile", DISTRIBUTION) in named
     wrong = [(where, name) for where, name in named if name.lower() == "allocator"]
     assert not wrong, f"pip install of the index's unrelated 'allocator': {wrong}"
+
+
+def test_the_alerts_runbook_lives_at_the_projects_published_home() -> None:
+    """The shipped runbook_url default points into the Repository the metadata names."""
+    from allocator.alert_rules import DEFAULT_RUNBOOK
+
+    urls = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["urls"]
+    assert DEFAULT_RUNBOOK.startswith(urls["Repository"] + "/")
+    assert DEFAULT_RUNBOOK.endswith("/docs/operations.md")
