@@ -15,13 +15,15 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 # Only what the distribution is built from (pyproject.toml lists its packages): no tests.
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY allocator ./allocator
 COPY migrations ./migrations
 COPY jobs ./jobs
-# psycopg[binary] brings its own libpq, so the image needs no Debian packages.
+# psycopg[binary] brings its own libpq, so the image needs no Debian packages. The source is
+# named as the distribution it must build (pip refuses another name).
 RUN python -m venv /opt/allocator \
-    && /opt/allocator/bin/pip install --no-cache-dir --no-compile "/src[node]"
+    && /opt/allocator/bin/pip install --no-cache-dir --no-compile \
+        "snowflake-block-allocator[node] @ file:///src"
 
 FROM ${PYTHON_IMAGE}
 # Same base image, so the venv's interpreter link (/usr/local/bin/python3.11) resolves.
@@ -37,8 +39,8 @@ ENV PATH="/opt/allocator/bin:${PATH}" \
 USER 10001:10001
 WORKDIR /var/lib/allocator
 # The admin HTTP server (/metrics, /healthz, /readyz, /status) when node.admin_address is
-# 0.0.0.0:9100; it binds to loopback unless configured.
-EXPOSE 9100
+# 0.0.0.0:8470; it binds to loopback unless configured.
+EXPOSE 8470
 # SIGTERM: the leader ends its term and deletes its znode, so the next node leads at once.
 STOPSIGNAL SIGTERM
 ENTRYPOINT ["allocator"]

@@ -6,6 +6,9 @@ VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 PYTEST_ARGS ?=
+# Two workers, one test file each at a time (module fixtures stay whole); each worker runs its
+# own ZooKeeper and PostgreSQL (tests/fixtures/cluster.py). PYTEST_WORKERS=0: one process.
+PYTEST_WORKERS ?= 2
 
 .PHONY: all demo test lint unit integration system-deps test-deps venv clean
 
@@ -22,6 +25,8 @@ venv: $(VENV)/.installed
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	@# Up to 0.1.0 the distribution was called `allocator`; it owns the same import package.
+	@if $(BIN)/pip show -q allocator >/dev/null 2>&1; then $(BIN)/pip uninstall -q -y allocator; fi
 	$(BIN)/pip install -q -e '.[dev]'
 	@touch $@
 
@@ -31,7 +36,7 @@ lint: venv
 	$(BIN)/mypy --strict allocator jobs
 
 test: test-deps venv lint
-	$(BIN)/pytest $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)

@@ -44,7 +44,7 @@ from typing import Any
 
 import click
 
-from allocator import __version__
+from allocator import DISTRIBUTION, VERSION_MESSAGE, __version__
 from allocator.commands.options import exit_table
 from allocator.core import errors, logs, redact
 from allocator.core.exits import Exit
@@ -123,7 +123,9 @@ def _exit_with_usage_code(error: click.UsageError) -> None:
     context_settings={"auto_envvar_prefix": "ALLOCATOR", "show_default": True},
     epilog=exit_table(),
 )
-@click.version_option(__version__, prog_name="allocator")
+@click.version_option(
+    __version__, package_name=DISTRIBUTION, prog_name="allocator", message=VERSION_MESSAGE
+)
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """Leader-elected allocator of Snowflake ID blocks."""

@@ -20,15 +20,12 @@ Rules:
   are listed as ignored, a generation znode that holds no number is a ``problem``
   with ``zookeeper_generation`` and ``ahead_of_zookeeper`` null (unknown), and a missing
   chroot or election path is an empty election.
-- ``to_json`` keeps DESIGN §10's keys and meanings (``leader.epoch`` is the czxid half of
-  the token); additions only: ``leader.generation``, ``contenders[].db_ok`` / ``clock_ok``
-  (as the contender advertises them; null: not advertised), ``handovers[].generation``, and
-  the top-level ``fence`` object (:meth:`FenceReport.to_json`), ``contenders[].problem``
-  (why its data does not parse; null when it does) and the top-level ``election`` object
-  (``unparsable``: ``[{znode, problem}]``, ``ignored``: ``[{znode, reason}]``),
-  ``pool.claims_paused`` and the top-level ``claims_pause`` (``{pause_id, paused_at,
-  paused_by, reason}`` while an operator has paused claims; null otherwise, or when the
-  role may not read ``claim_pause_history``).
+- ``to_json`` is what ``status --json`` prints: every key in docs/schemas/status.schema.json
+  (tests hold real output to it; keys are added there, never removed or retyped).
+  ``leader.epoch`` is the czxid half of the token; ``contenders[].db_ok`` / ``clock_ok`` are
+  as the contender advertises them (null: not advertised); ``fence`` is
+  :meth:`FenceReport.to_json`; ``claims_pause`` is null when claims are served, or when the
+  role may not read ``claim_pause_history``.
 - Errors leave as the project's own: ZooKeeper unreachable → :class:`ZooKeeperUnavailableError`,
   refused for lack of auth → :class:`ConfigError` naming ``zookeeper.auth``.
 """
@@ -103,8 +100,9 @@ def cluster_json(
     ignored: list[Ignored],
 ) -> dict[str, Any]:
     """``allocator status --json`` but the fence: leader, contenders, election, pool and
-    handovers (DESIGN §10); also each node's status page (:mod:`allocator.node.cluster_view`),
-    where ``pool`` is null until the database has answered."""
+    handovers (docs/schemas/status.schema.json); also each node's status page
+    (:mod:`allocator.node.cluster_view`, docs/schemas/cluster.schema.json), where ``pool`` is
+    null until the database has answered."""
     leader = contenders[0] if contenders else None
     epoch = leader_epoch(contenders, pool)
     generation = None if epoch is None or pool is None else pool.generation

@@ -3,21 +3,27 @@ saying how to install the node's dependencies when they are missing.
 
 Rules:
 
-- ``pip install allocator`` is the client-only install (:mod:`allocator.client` and what it
-  needs: psycopg, psycopg-pool and structlog); the CLI, the node and everything else need
-  the ``node`` extra (``pip install 'allocator[node]'``). The console script is installed
-  either way, so here a missing third-party module ends in one line on stderr and exit 69
-  (EX_UNAVAILABLE, a missing prerequisite, as for the node) instead of a traceback.
+- ``pip install snowflake-block-allocator`` is the client-only install
+  (:mod:`allocator.client` and what it needs: psycopg, psycopg-pool and structlog); the CLI,
+  the node and everything else need the ``node`` extra (``pip install
+  'snowflake-block-allocator[node]'``). The console script is installed either way, so here
+  a missing third-party module ends in one line on stderr and exit 69 (EX_UNAVAILABLE, a
+  missing prerequisite, as for the node) instead of a traceback.
+- ``allocator --version`` answers in a client-only install too (exit 0, the same line as
+  the CLI's): what is installed is a fair question before installing the rest.
 - Only a missing module outside ``allocator`` is explained; a missing ``allocator`` module
   (a broken install) and every other import error propagate unchanged.
-- Imports nothing at module level beyond the standard library.
+- Imports nothing at module level beyond the standard library and ``allocator`` itself
+  (its ``__init__`` imports nothing).
 """
 
 from __future__ import annotations
 
 import sys
 
-NODE_EXTRA = "allocator[node]"
+from allocator import DISTRIBUTION, VERSION_MESSAGE, __version__
+
+NODE_EXTRA = f"{DISTRIBUTION}[node]"
 EXIT_MISSING_PREREQUISITE = 69
 
 
@@ -29,6 +35,10 @@ def main() -> None:
         missing = exc.name or ""
         if not missing or missing.partition(".")[0] == "allocator":
             raise
+        if sys.argv[1:] == ["--version"]:
+            fields = {"prog": "allocator", "version": __version__, "package": DISTRIBUTION}
+            sys.stdout.write(VERSION_MESSAGE % fields + "\n")
+            sys.exit(0)
         sys.stderr.write(
             f"error: the allocator command needs the node's dependencies ({missing!r} is not "
             f"installed; this looks like a client-only install): pip install '{NODE_EXTRA}'\n"

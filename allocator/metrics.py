@@ -18,10 +18,11 @@ from __future__ import annotations
 
 import math
 import platform
-from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client import Enum as EnumMetric
+
+from allocator import __version__
 
 SESSION_STATES = ["connecting", "connected", "suspended", "lost"]
 BLOCKED_REASONS = (
@@ -40,7 +41,7 @@ class NodeMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.build = Info("allocator_build", "The allocator version this node runs", registry=r)
-        self.build.info({"version": _version(), "python": platform.python_version()})
+        self.build.info({"version": __version__, "python": platform.python_version()})
         self.is_leader = Gauge("allocator_is_leader", "1 while this node may write", registry=r)
         self.ready = Gauge(
             "allocator_ready",
@@ -251,10 +252,3 @@ class NodeMetrics:
             self.async_replication,
         ):
             gauge.set(0)
-
-
-def _version() -> str:
-    try:
-        return metadata.version("allocator")
-    except metadata.PackageNotFoundError:
-        return "unknown"

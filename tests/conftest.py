@@ -19,6 +19,7 @@ pytest_plugins = [
     "tests.fixtures.replication",
     "tests.fixtures.zk",
     "tests.fixtures.nodes",  # after the plugins it imports
+    "tests.fixtures.artefacts",
 ]
 
 SOAK_ENV = "ALLOCATOR_SOAK"

@@ -35,7 +35,7 @@ PROMETHEUS_SERIES: Mapping[str, frozenset[str]] = {"up": TARGET_LABELS}
 
 # Concrete values for Grafana's variables, so that promtool can parse a query.
 JOB = "allocator-test"
-INSTANCE = "node-a:9100"
+INSTANCE = "node-a:8470"
 VARIABLES = {
     "job": JOB,
     "__rate_interval": "1m",

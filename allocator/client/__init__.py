@@ -91,12 +91,12 @@ Rules:
   floor. ``get_stats()`` counts waits, times claims (a claim a caller collected: until
   collected) and says who ran them (``claims_begun``, ``claims_on_caller_thread``,
   ``claims_handed_over``, ``claims_on_claimer_thread``).
-- Client-only install: ``pip install allocator`` (without the ``node`` extra) brings psycopg,
-  psycopg-pool and structlog only, so this package imports nothing else outside the standard
-  library but :mod:`allocator.core.errors`, :mod:`allocator.core.redact`,
-  :mod:`allocator.postgres.errors`
-  and :mod:`allocator.core.logs`; never the node's modules (configuration, database layer,
-  ZooKeeper). Checked by tests/integration/test_client_only_install.py.
+- Client-only install: ``pip install snowflake-block-allocator`` (without the ``node`` extra)
+  brings psycopg, psycopg-pool and structlog only, so this package imports nothing else
+  outside the standard library but :mod:`allocator.core.errors`, :mod:`allocator.core.redact`,
+  :mod:`allocator.postgres.errors` and :mod:`allocator.core.logs`; never the node's modules
+  (configuration, database layer, ZooKeeper). Checked by
+  tests/integration/test_client_only_install.py.
 - Sharing: :class:`IdClient` is safe to share among threads. :class:`AsyncIdClient` belongs
   to one event loop. Neither survives ``fork()``: in a child process every client inherited
   from the parent drops its buffered IDs (the parent keeps handing them out), leaves a

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from allocator.commands import (  # the bench_* modules register on `bench`
+    alerts,
     bench,
     bench_claims,  # noqa: F401
     bench_client,  # noqa: F401
@@ -24,6 +25,7 @@ from allocator.commands import (  # the bench_* modules register on `bench`
 )
 
 COMMANDS: list[click.Command] = [
+    alerts.alerts,
     bench.bench,
     claim.claim,
     config_cmd.config,

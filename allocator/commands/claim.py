@@ -6,10 +6,15 @@ Rules:
   (:func:`allocator.client.claim_once`); the blocks are durably claimed when it returns
   and belong to ``--consumer`` for good: nothing hands them back, so claim only what you
   will use.
-- The database URL is ``--database-url`` (``ALLOCATOR_CLAIM_DATABASE_URL``) or
-  ``--database-url-file``, else the config's ``postgres.url`` (file,
-  ``ALLOCATOR_POSTGRES_URL``). Any role that was granted ``allocator_consumer`` will do. A
-  URL with a password is refused on the command line (:mod:`allocator.commands.options`).
+- The database URL is the application's: a login role granted ``allocator_consumer``
+  (``allocator_app`` in the embedded cluster and the compose kit), from ``--database-url``
+  or ``--database-url-file``, or their variables ``ALLOCATOR_CLAIM_DATABASE_URL`` /
+  ``ALLOCATOR_CLAIM_DATABASE_URL_FILE`` (``allocator local env`` exports the first). Never
+  the config's ``postgres.url``: that is the nodes' role, which may not call
+  ``claim_blocks``; with no URL given, claim is a configuration error (78) saying where to
+  put one. A URL with a password is refused on the command line
+  (:mod:`allocator.commands.options`). The configuration (file, ``ALLOCATOR_*``,
+  ``--set``) still gives the connect and statement timeouts.
 - Output: one line per block, ``block_id first_id last_id`` (inclusive), oldest first; or,
   with ``--json``, ``{"consumer", "requested", "blocks": [{"block_id", "first_id",
   "last_id", "size"}]}``. When the pool runs short the call returns fewer blocks than asked
@@ -17,9 +22,9 @@ Rules:
 - Exit status (rows of :mod:`allocator.core.exits`): 0 claimed at least one block; 64 bad
   arguments (``--count`` outside 1..1000, a consumer name the database refuses:
   AL001/AL002); 75 (EX_TEMPFAIL) the pool is empty (AL003), claims are paused by an
-  operator (AL004) or PostgreSQL is unreachable, retry later; 78 bad configuration or a
-  login PostgreSQL refuses (the role named); 1 any other error. Errors are one line on
-  stderr.
+  operator (AL004) or PostgreSQL is unreachable, retry later; 78 bad configuration, no
+  application URL, or a login PostgreSQL refuses (the role named); 1 any other error.
+  Errors are one line on stderr.
 """
 
 from __future__ import annotations
@@ -33,7 +38,16 @@ from allocator import client
 from allocator import config as config_mod
 from allocator.commands import options
 from allocator.commands.options import CONFIG, OTHER, USAGE, config_options, exit_codes
+from allocator.core.errors import ConfigError
 from allocator.core.exits import Exit
+from allocator.local.client_env import CLAIM_URL_ENV
+
+NO_URL = (
+    f"no database URL for claim: set {CLAIM_URL_ENV} (or {CLAIM_URL_ENV}_FILE), or pass "
+    "--database-url or --database-url-file, with a login role granted allocator_consumer "
+    "(`allocator local env` exports it for the embedded cluster); the nodes' postgres.url "
+    "is not used, since their role may not call claim_blocks"
+)
 
 
 @click.command(
@@ -51,6 +65,7 @@ from allocator.core.exits import Exit
             "unreachable: retry later",
         ),
         CONFIG,
+        (Exit.CONFIG, "no application URL"),
         OTHER,
     ),
 )
@@ -69,7 +84,8 @@ from allocator.core.exits import Exit
 )
 @click.option("--json", "as_json", is_flag=True, show_envvar=True, help="Print one JSON object.")
 @options.database_url_option(
-    help="PostgreSQL URL of a role granted allocator_consumer. [default: config postgres.url]"
+    help="PostgreSQL URL of the application's login role (granted allocator_consumer). "
+    "Required: the nodes' postgres.url is not used."
 )
 @config_options
 def claim(
@@ -82,8 +98,10 @@ def claim(
 ) -> None:
     """Claim COUNT ID blocks for CONSUMER and print them (exit 75 when the pool is empty)."""
     client.check_consumer(consumer)
-    flags = {"postgres.url": database_url} if database_url else {}
-    config = config_mod.load_from_options(config_path, set_pairs, flags)
+    if not database_url:
+        raise ConfigError(NO_URL)
+    # The application's URL replaces the nodes' for this command: checked by the same rules.
+    config = config_mod.load_from_options(config_path, set_pairs, {"postgres.url": database_url})
     blocks = client.claim_once(
         config.postgres.url.get_secret_value(),
         consumer,

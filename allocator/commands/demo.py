@@ -38,6 +38,7 @@ from allocator.commands.options import (
     Duration,
     duration_option,
     exit_codes,
+    zk_servers_option,
 )
 from allocator.core.errors import AllocatorError
 from allocator.core.exits import Exit
@@ -85,7 +86,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     default=DEFAULT_STATE_DIR,
     help="State folder of the demo cluster.",
 )
-@click.option("--zk", "zk_servers", type=click.Choice(["1", "3"]), default="3")
+@zk_servers_option
 @duration_option(
     "--phase",
     kind=Duration(maximum=600 * SECOND, zero=True),
@@ -99,17 +100,17 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 @click.option(
     "--keep", is_flag=True, help="Leave the cluster running (stop: allocator local down)."
 )
-def demo(state_dir: Path, zk_servers: str, phase_s: float, keep: bool) -> None:
+def demo(state_dir: Path, zk_servers: int | None, phase_s: float, keep: bool) -> None:
     """Run the embedded cluster with 3 nodes, fail the leader over, and stop it all."""
     signal.signal(signal.SIGTERM, _on_sigterm)
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     # The consumer claims ~100 blocks/s from a cold start, before the leader has seen any
     # claim rate: start from a pool that covers the first seconds (runway takes over later).
-    cluster = LocalCluster(state_dir, zk_servers=int(zk_servers), node_env=DEMO_NODE_ENV)
+    cluster = LocalCluster(state_dir, zk_servers=zk_servers, node_env=DEMO_NODE_ENV)
     info: ClusterInfo | None = None
     try:
         started = time.monotonic()
-        _step(f"starting {zk_servers} ZooKeeper server(s), PostgreSQL and 3 nodes in {state_dir}")
+        _step(f"starting ZooKeeper, PostgreSQL and 3 nodes in {state_dir}")
         info = cluster.up(migrate=True, nodes=3)
         _step(f"cluster up in {time.monotonic() - started:.1f} s; schema migrated")
         for line in render(info):

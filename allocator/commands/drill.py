@@ -100,9 +100,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     nodes_mod.DEFAULT_NODES,
     help="Allocator nodes in the election (the drill's own cluster).",
 )
-@options.zk_servers_option(
-    3, help="ZooKeeper servers of a new cluster (an existing one must have as many)."
-)
+@options.zk_servers_option
 @options.session_timeout_option(
     nodes_mod.DEFAULT_SESSION_TIMEOUT_MS,
     help="The nodes' ZooKeeper session timeout (the drill's own cluster).",
@@ -144,7 +142,7 @@ def drill(
     seed: int | None,
     duration_s: float | None,
     nodes: int,
-    zk_servers: int,
+    zk_servers: int | None,
     session_timeout_ms: int,
     state_dir: Path,
     against: Path | None,

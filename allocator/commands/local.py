@@ -80,11 +80,7 @@ def local() -> None:
         *EMBEDDED_CLUSTER,
     ),
 )
-@options.zk_servers_option(
-    None,
-    help="ZooKeeper servers, 1 or 3 (any odd number up to 7). [default: 3 for a new "
-    "cluster, else as recorded]",
-)
+@options.zk_servers_option
 @options.duration_option(
     "--tick",
     kind=options.Duration(step=options.MILLISECOND),

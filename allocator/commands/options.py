@@ -26,7 +26,8 @@ Rules:
   :func:`session_timeout_option`); and the configuration's ``--config`` and ``--set``
   (:func:`config_options`, read with :func:`allocator.config.load_from_options`). A
   command passes what differs (its default folder, its JSON file's stem, its defaults,
-  its help); names and types stay the same everywhere.
+  its help); names and types stay the same everywhere. ``--zk`` takes nothing from the
+  command: the same values, default and help in ``local up``, ``demo`` and ``drill``.
 - Every command's ``--help`` ends with its exit codes: :func:`exit_codes` makes the epilog
   from entries whose numbers are rows of the one table, :class:`allocator.core.exits.Exit`
   (:data:`OK`, :data:`USAGE`, :data:`CONFIG`, ...; any other number is refused when the
@@ -59,6 +60,8 @@ from allocator import config as config_mod
 from allocator.core import durations, exits, redact
 from allocator.core.errors import InvalidDurationError, UsageError
 from allocator.core.exits import Exit
+from allocator.local.cluster import MAX_ZK_SERVERS
+from allocator.local.record import DEFAULT_ZK_SERVERS
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -66,6 +69,10 @@ DANGEROUS_NAMES = frozenset({"yes", "target", "purge", "after_restore", "reason"
 """Parameter names of the options no environment variable may set (see the module rules)."""
 
 NEVER_FROM_ENV = "Never read from the environment."
+ZK_SERVERS_HELP = (
+    f"ZooKeeper servers of the embedded cluster: an odd number from 1 to {MAX_ZK_SERVERS}. "
+    f"[default: {DEFAULT_ZK_SERVERS} for a new cluster, else as recorded]"
+)
 SECRET_ENV_NAMES = frozenset(
     config_mod.env_name(key) for key in config_mod.SECRET_KEYS if key != "postgres.url"
 )
@@ -283,16 +290,32 @@ def bench_output_options(stem: str) -> Callable[[F], F]:
     return decorate
 
 
-def zk_servers_option(default: int | None, help: str) -> Callable[[F], F]:
-    """``--zk``: how many ZooKeeper servers (1 to 7), handed over as ``zk_servers``."""
-    return click.option(
+def _odd_servers(ctx: click.Context, param: click.Parameter, value: int | None) -> int | None:
+    if value is not None and value % 2 == 0:
+        *smaller, largest = [str(n) for n in range(1, MAX_ZK_SERVERS + 1, 2)]
+        raise click.BadParameter(
+            f"{value} is even: an ensemble has an odd number of servers "
+            f"({', '.join(smaller)} or {largest}), since a majority of them must agree",
+            ctx=ctx,
+            param=param,
+        )
+    return value
+
+
+def zk_servers_option(func: F) -> F:
+    """``--zk``: how many ZooKeeper servers an embedded cluster runs, handed over as
+    ``zk_servers``: an odd number up to ``MAX_ZK_SERVERS``, or None when not given (3 for a
+    new cluster, else as recorded). Every command that starts one takes this one option."""
+    option = click.option(
         "--zk",
         "zk_servers",
-        type=click.IntRange(1, 7),
-        default=default,
+        type=click.IntRange(1, MAX_ZK_SERVERS),
+        default=None,
+        callback=_odd_servers,
         show_envvar=True,
-        help=help,
+        help=ZK_SERVERS_HELP,
     )
+    return option(func)
 
 
 def nodes_option(minimum: int, maximum: int, default: int | None, help: str) -> Callable[[F], F]:

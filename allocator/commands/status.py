@@ -1,8 +1,8 @@
 """``allocator status``, ``allocator watch`` and ``allocator step-down``.
 
 Rules: read-only except step-down, which asks the current leader (found in the election
-znodes' data) over its admin HTTP with ``node.admin_token``; ``--json`` prints DESIGN §10's
-keys (plus the additions :mod:`allocator.cluster_status` lists, among them ``fence``);
+znodes' data) over its admin HTTP with ``node.admin_token``; ``--json`` prints one object
+(docs/schemas/status.schema.json: :mod:`allocator.cluster_status`'s and the pool's coverage);
 ``watch`` prints a line per change of leader, epoch or fence as it happens and a pool line
 every few seconds, and stops after ``--duration`` (``30s``, ``5m``) or on Ctrl-C; with
 ``--json`` each line is one JSON object (JSON lines: ``time``, ISO-8601 UTC, ``event`` and

@@ -1,10 +1,10 @@
 """The drill's outputs: the table, the violation lines, the run document (JSON).
 
-Rules: pure functions of the results; the document is the schema the report reads
-(:mod:`allocator.drill.report`): ``verdict``, ``scenarios``, ``timeline``, ``cluster`` and,
-on a soak, ``resources``. With one scenario the document also carries that scenario's own
-keys at the top (DESIGN §10: ``scenario``, ``rounds``, ``violations``, ``handover_ms``,
-``stale_writes_rejected``, ``claim_errors``). Files are written atomically.
+Rules: pure functions of the results; the document (docs/schemas/drill.schema.json, which
+tests hold real output to) is what the report reads (:mod:`allocator.drill.report`):
+``verdict``, ``scenarios``, ``timeline``, ``cluster`` and, on a soak, ``resources``. With one
+scenario the document also carries that scenario's own keys at the top (but the run's
+``duration_s``, ``seed``, ``session_timeout_ms`` and ``nodes``). Files are written atomically.
 """
 
 from __future__ import annotations

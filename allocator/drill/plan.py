@@ -51,6 +51,7 @@ from allocator.local import nodes as nodes_mod
 from allocator.local.cluster import LocalCluster
 from allocator.local.info import ClusterInfo
 from allocator.local.processes import is_pid_alive
+from allocator.local.record import DEFAULT_ZK_SERVERS
 from allocator.zookeeper import client as zkclient
 from allocator.zookeeper.election import read_contenders
 
@@ -69,7 +70,7 @@ class Request:
     rounds: int
     seed: int | None = None
     nodes: int = nodes_mod.DEFAULT_NODES
-    zk_servers: int = 3
+    zk_servers: int | None = None  # None: as recorded, else 3
     session_timeout_ms: int = nodes_mod.DEFAULT_SESSION_TIMEOUT_MS
     state_dir: Path = Path(".run/drill")
     against: Path | None = None
@@ -137,8 +138,9 @@ def _run_own(request: Request, progress: Progress) -> Outcome:
     existed = cluster.exists()
     links: Links | None = None
     came_up = False
+    servers = request.zk_servers or ("as recorded" if existed else DEFAULT_ZK_SERVERS)
     progress(
-        f"starting the cluster in {cluster.state_dir} ({request.zk_servers} ZooKeeper, "
+        f"starting the cluster in {cluster.state_dir} (ZooKeeper servers: {servers}, "
         f"{request.nodes} nodes, session timeout {request.session_timeout_ms} ms)"
     )
     try:

@@ -8,9 +8,8 @@ Rules:
   of a scenario that only *may* hand over is ok without one; whether it did is recorded.
 - Percentiles are nearest-rank over the rounds that handed over (p99 of 20 rounds is the
   max); a scenario without any handover reports nulls.
-- ``to_json`` keeps DESIGN §10's keys (``scenario``, ``rounds``, ``violations``,
-  ``handover_ms`` {p50, p90, p99, max}, ``stale_writes_rejected``, ``claim_errors``) and
-  adds freely.
+- ``to_json`` is a scenario of docs/schemas/drill.schema.json (tests hold real output to it:
+  keys are added there, never removed or retyped).
 """
 
 from __future__ import annotations
@@ -95,7 +94,7 @@ class RoundResult:
 
 @dataclass
 class ScenarioResult:
-    """One scenario (or a mixed schedule); :meth:`to_json` has DESIGN §10's keys and more."""
+    """One scenario (or a mixed schedule); :meth:`to_json` is the schema's ``scenario``."""
 
     scenario: str
     session_timeout_ms: int

@@ -9,11 +9,12 @@ Rules:
   every ``interval_s``; otherwise it waits, so a node nobody watches makes no extra calls. The
   first look after a pause wakes it at once (that look still gets the older view).
 - One read: the election queue from the node's own ZooKeeper session (none while it is not
-  connected), then the pool and the last ``HANDOVERS`` terms from the database. The keys are
-  ``allocator status --json``'s but the fence (:func:`allocator.cluster_status.cluster_json`), plus
-  ``observed_at`` (Unix seconds of the last complete read, null before one), ``age_s`` (its age
-  when shown), ``problems`` (one line per source that failed at the last read) and ``now``
-  (this node's Unix time when shown, for the page's "how long ago").
+  connected), then the pool and the last ``HANDOVERS`` terms from the database. The keys
+  (docs/schemas/cluster.schema.json) are ``allocator status --json``'s but the fence
+  (:func:`allocator.cluster_status.cluster_json`), plus ``observed_at`` (Unix seconds of the
+  last complete read, null before one), ``age_s`` (its age when shown), ``problems`` (one
+  line per source that failed at the last read) and ``now`` (this node's Unix time when
+  shown, for the page's "how long ago").
 - A source that fails keeps its last good answer on show; the view says why in ``problems``
   and ``observed_at`` stays that of the last complete read, so the page can say how stale it is.
 """

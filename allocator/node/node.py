@@ -180,7 +180,8 @@ class Node:
         return self._session.credentials()
 
     def snapshot(self) -> dict[str, Any]:
-        """What ``/status`` shows (never the session password)."""
+        """What ``/status`` shows (docs/schemas/node-status.schema.json; never the session
+        password)."""
         term = self._leading.term
         client_id = self.session_credentials()
         advert = self._health.advert()

@@ -14,7 +14,7 @@ resume):
    ``--old-database-unreachable`` instead, and the mark then rests on the watermark and the
    restored server's clock (the bound that holds is in :mod:`allocator.pool.restore_mark`). One
    of the two is required: which bound protects the IDs is the operator's explicit choice,
-   never a default. The same database as the one reset is refused (exit 2).
+   never a default. The same database as the one reset is refused (exit 64).
 2. ZooKeeper's watermark (the config's servers, without the chroot), read after the pause.
 3. The restored database's fence, mark, layout and clock: the plan, each candidate and the
    winner, printed (stderr) before the confirmation (``--yes``, or an answer on a terminal;

@@ -18,8 +18,9 @@ Rules:
   missing or older schema → :class:`DatabaseError` naming ``allocator migrate``; anything
   else → :class:`DatabaseError`.
 - Imports only psycopg, psycopg_pool and :mod:`allocator.core.errors`: the client-only install
-  (``pip install allocator``, without the ``node`` extra) imports this module, so it must
-  never pull in the node's dependencies (configuration, ZooKeeper, Alembic, ...).
+  (``pip install snowflake-block-allocator``, without the ``node`` extra) imports this
+  module, so it must never pull in the node's dependencies (configuration, ZooKeeper,
+  Alembic, ...).
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.integration
 EPOCH = 3
 FIRST = 1 << 22
 SIZE = 16
-EX_USAGE, EX_TEMPFAIL = Exit.USAGE, Exit.TEMPFAIL
+EX_USAGE, EX_TEMPFAIL, EX_CONFIG = Exit.USAGE, Exit.TEMPFAIL, Exit.CONFIG
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -67,11 +67,24 @@ def test_claim_json(db_url: str) -> None:
     }
 
 
-def test_claim_takes_the_url_from_the_config(db_url: str) -> None:
+def test_claim_takes_the_application_url_from_its_variable(db_url: str) -> None:
     stock(db_url, 1)
-    result = run("--consumer", "orders", env={"ALLOCATOR_POSTGRES_URL": db_url})
+    result = run("--consumer", "orders", env={"ALLOCATOR_CLAIM_DATABASE_URL": db_url})
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["1", str(FIRST), str(FIRST + SIZE - 1)]
+
+
+def test_claim_never_uses_the_nodes_url(db_url: str) -> None:
+    stock(db_url, 1)
+    result = run("--consumer", "orders", env={"ALLOCATOR_POSTGRES_URL": db_url})
+    assert result.returncode == EX_CONFIG
+    assert result.stdout == ""
+    assert "ALLOCATOR_CLAIM_DATABASE_URL" in result.stderr
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute(
+            "SELECT count(*) FROM allocator.block_ledger WHERE claimed_by IS NOT NULL"
+        ).fetchone()
+    assert row == (0,)
 
 
 def test_a_short_pool_returns_fewer_blocks_and_says_so(db_url: str) -> None:

@@ -1,7 +1,7 @@
-"""``allocator drill`` in a subprocess: every scenario once with the JSON of DESIGN §10, the
-report and a clean stop; a drill against a running cluster and through a config file, with
-the scenarios they cannot run refused; and a drill that must fail, on nodes whose fence is
-broken.
+"""``allocator drill`` in a subprocess: every scenario once, the report and a clean stop; a
+drill against a running cluster and through a config file, with the scenarios they cannot run
+refused; and a drill that must fail, on nodes whose fence is broken. Every JSON the drills
+print is checked against docs/schemas/drill.schema.json.
 
 Behaviour only: the keys and their types, every round passed, no violation, and no
 process of the drill's cluster left afterwards (the pids it recorded). No timing threshold:
@@ -28,6 +28,7 @@ from allocator.drill import report_png
 from allocator.drill.scenarios import SCENARIOS
 from allocator.local.cluster import LocalCluster
 from allocator.local.processes import is_pid_alive
+from tests import output_schemas
 
 pytestmark = pytest.mark.integration
 
@@ -89,6 +90,8 @@ def test_every_scenario_once_passes_writes_a_report_and_stops_everything(
     assert done.returncode == 0, f"drill failed ({done.returncode}): {done.stderr}"
     data: dict[str, Any] = json.loads(done.stdout)
     assert json.loads(out.read_text()) == data
+    output_schemas.assert_valid("drill", data)
+    assert "scenario" not in data  # a scenario's own keys on top only when there is one
     assert data["verdict"]["ok"] is True
     assert data["verdict"]["violations"] == []
     assert data["session_timeout_ms"] == 2000
@@ -189,6 +192,7 @@ def test_step_down_drill_on_nodes_with_a_broken_fence_fails_and_names_the_violat
 
     assert done.returncode == 1, f"the drill passed a broken fence: {done.stdout}"
     data: dict[str, Any] = json.loads(done.stdout)
+    output_schemas.assert_valid("drill", data)
     assert data["failed_rounds"] == 0  # the handovers themselves worked
     stale = [
         v
@@ -225,6 +229,8 @@ def test_drill_against_a_running_cluster_and_through_a_config_file(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     data: dict[str, Any] = json.loads(done.stdout)
+    output_schemas.assert_valid("drill", data)
+    output_schemas.assert_required_keys_matter("drill", data)
     assert (data["scenario"], data["failed_rounds"], data["violations"]) == ("expire", 0, [])
     assert data["round_results"][0]["new_leader"] != data["round_results"][0]["leader"]
     assert data["cluster"]["stopped"] is False
@@ -252,5 +258,6 @@ def test_drill_against_a_running_cluster_and_through_a_config_file(
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
+    output_schemas.assert_valid("drill", data)
     assert (data["scenario"], data["failed_rounds"], data["violations"]) == ("step-down", 0, [])
     assert [r["ok"] for r in data["round_results"]] == [True, True]

@@ -29,6 +29,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from allocator import cli
 from allocator.local.cluster import LocalCluster
 from allocator.local.info import ClusterInfo
+from tests import output_schemas
 
 pytestmark = pytest.mark.integration
 
@@ -56,13 +57,14 @@ def exports(state_dir: Path) -> dict[str, str]:
 
 
 def wait_for_pool(env: dict[str, str]) -> dict[str, Any]:
-    """``status --json`` once a leader has cut blocks."""
+    """``status --json`` once a leader has cut blocks (it matches its schema)."""
     deadline = time.monotonic() + DEADLINE_S
     while True:
         result = invoke("status", "--json", env=env)
         if result.exit_code == 0:
             data: dict[str, Any] = json.loads(result.stdout)
             if data["leader"] and data["pool"]["available_blocks"] > 0:
+                output_schemas.assert_valid("status", data)
                 return data
         assert time.monotonic() < deadline, f"no leader with a pool in time: {result.output}"
         time.sleep(0.2)
@@ -113,6 +115,7 @@ def test_eval_of_local_env_points_the_cli_at_the_cluster(
     status = json.loads((tmp_path / "status.json").read_text())
     assert status["leader"]["name"] == "node-1"
     assert status["contenders"][0]["name"] == "node-1"
+    output_schemas.assert_valid("status", status)
     claim = json.loads((tmp_path / "claim.json").read_text())
     assert claim["consumer"] == "local-env-test"
     assert len(claim["blocks"]) == 2

@@ -66,6 +66,15 @@ def claim_state(conn: psycopg.Connection[tuple[object, ...]]) -> str | None:
     return None
 
 
+def pause_is_listing(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
+    """Whether another session's latest statement listed the claims in flight."""
+    row = conn.execute(
+        "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND query LIKE %s",
+        ("%FROM allocator.claims_in_flight()%",),
+    ).fetchone()
+    return row is not None and row[0] > 0
+
+
 def test_pause_refuses_claims_records_why_and_resume_serves_them_again(
     db_url: str, stocked: psycopg.Connection[tuple[object, ...]]
 ) -> None:
@@ -120,6 +129,10 @@ def test_pause_waits_for_a_claim_begun_before_it(db_url: str) -> None:
         try:
             with psycopg.connect(db_url, autocommit=True) as probe:
                 while claim_state(probe) != "AL004":  # the pause has committed
+                    assert pause.poll() is None, pause.communicate()
+                # ... and has listed the claims in flight (it lists them again while it
+                # waits): ending the claim before that listing would leave nothing to wait for.
+                while not pause_is_listing(probe):
                     assert pause.poll() is None, pause.communicate()
             assert pause.poll() is None  # the claim in flight is still open
             holder.commit()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 import pytest
 from click.testing import CliRunner, Result
@@ -41,8 +41,9 @@ def clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PGCONNECT_TIMEOUT", "1")
 
 
-def invoke(args: Sequence[str], env: dict[str, str] | None = None) -> Result:
-    """Run ``allocator ARGS`` in-process; the signal handlers are restored afterwards."""
+def invoke(args: Sequence[str], env: Mapping[str, str | None] | None = None) -> Result:
+    """Run ``allocator ARGS`` in-process (a variable ``None`` in ``env`` is removed); the
+    signal handlers are restored afterwards."""
     saved = {sig: signal.getsignal(sig) for sig in SIGNALS}
     try:
         return CliRunner().invoke(main, list(args), env=env, catch_exceptions=True)

@@ -1,34 +1,27 @@
 """Issue 12, item 10: the client-only install.
 
-``pip install allocator`` installs what ``allocator.client`` needs and nothing of the node
-(``pip install 'allocator[node]'``: kazoo, APScheduler, SQLAlchemy, Alembic, click,
-pydantic, ...). Checked in two halves, offline and in a second or two:
+``pip install snowflake-block-allocator`` installs what ``allocator.client`` needs and
+nothing of the node (``pip install 'snowflake-block-allocator[node]'``: kazoo, APScheduler,
+SQLAlchemy, Alembic, click, pydantic, ...). Checked in two halves:
 
 1. The requirements: the base ``dependencies`` of pyproject.toml, followed through the
    installed distributions' own requirements (markers and extras evaluated, as pip would),
    reach none of the distributions the ``node`` extra lists.
-2. The imports: a fresh virtual environment (no system site-packages, no pip) holding only
-   that closure -- each distribution's files linked in from the development venv, its
-   ``.dist-info`` included -- and the ``allocator`` package imports ``allocator.client``,
-   finds none of the node extra's modules, hands out IDs from an in-memory pool and, against
-   a real database, from ``IdClient`` over a consumer role. The ``allocator`` console script
-   there says in one line how to install the node's dependencies.
-
-The environment links the package source rather than a built wheel: building one needs
-setuptools from PyPI (build isolation). The distribution's contents are pyproject.toml's
-``packages``; what the client needs from them at run time is exactly what this imports.
+2. The install: the built wheel, without extras, in a fresh virtual environment outside the
+   checkout, its dependencies from the session's wheelhouse alone
+   (:mod:`tests.fixtures.artefacts`). There the ``allocator`` package imports
+   ``allocator.client``, finds none of the node extra's modules, hands out IDs from an
+   in-memory pool and, against a real database, from ``IdClient`` over a consumer role. The
+   installed ``allocator`` command says in one line how to install the node's dependencies
+   (exit 69), and ``allocator --version`` answers all the same.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
-import textwrap
 import tomllib
-import venv
 from collections.abc import Iterator
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
@@ -37,6 +30,8 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from allocator import DISTRIBUTION, VERSION_MESSAGE, __version__
+from tests.fixtures.artefacts import Artefacts, Venv
 from tests.fixtures.pg import consumer_login, cut, take_fence
 
 pytestmark = pytest.mark.integration
@@ -85,52 +80,18 @@ NODE_MODULES = import_names(closure(NODE) - CLIENT_DISTRIBUTIONS) - import_names
 
 def test_the_base_install_pulls_in_nothing_of_the_node() -> None:
     assert {"psycopg", "psycopg-binary", "psycopg-pool"} <= CLIENT_DISTRIBUTIONS
-    assert canonicalize_name("allocator") not in CLIENT_DISTRIBUTIONS
+    assert canonicalize_name(DISTRIBUTION) not in CLIENT_DISTRIBUTIONS
     assert NAMED_IN_THE_ISSUE <= NODE_DISTRIBUTIONS
     assert not CLIENT_DISTRIBUTIONS & NODE_DISTRIBUTIONS
     # The development install still gets the node: `make venv` installs `.[dev]`.
-    assert "allocator[node]" in PYPROJECT["project"]["optional-dependencies"]["dev"]
-
-
-@dataclass(frozen=True)
-class ClientOnlyEnv:
-    python: Path
-    site: Path
-
-    def run(self, code: str, *args: str) -> subprocess.CompletedProcess[str]:
-        # -I: no PYTHONPATH, no user site, no current directory on sys.path (the repository
-        # root holds `allocator/` and `tests/`); -B: no bytecode written through the links.
-        return subprocess.run(
-            [str(self.python), "-I", "-B", "-c", textwrap.dedent(code), *args],
-            capture_output=True,
-            text=True,
-            check=False,
-            timeout=60,
-        )
+    assert f"{DISTRIBUTION}[node]" in PYPROJECT["project"]["optional-dependencies"]["dev"]
 
 
 @pytest.fixture(scope="module")
-def client_env(tmp_path_factory: pytest.TempPathFactory) -> ClientOnlyEnv:
-    home = tmp_path_factory.mktemp("client-only") / "venv"
-    venv.EnvBuilder(with_pip=False, system_site_packages=False).create(home)
-    python = home / "bin" / "python"
-    answer = subprocess.run(
-        [str(python), "-I", "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    site = Path(answer.stdout.strip())
-    for name in sorted(CLIENT_DISTRIBUTIONS):
-        dist = metadata.distribution(name)
-        tops = {Path(str(f)).parts[0] for f in dist.files or []} - {"..", "__pycache__"}
-        assert tops, f"{name} lists no files"
-        for top in sorted(tops):
-            target = site / top
-            if not target.exists():
-                target.symlink_to(Path(str(dist.locate_file(top))))
-    (site / "allocator").symlink_to(ROOT / "allocator")
-    return ClientOnlyEnv(python, site)
+def client_env(artefacts: Artefacts, tmp_path_factory: pytest.TempPathFactory) -> Venv:
+    env = Venv.create(tmp_path_factory.mktemp("client-only"))
+    env.install(artefacts)  # no extras
+    return env
 
 
 PROBE = """
@@ -142,16 +103,16 @@ with IdClient(InMemoryClaimer(block_size=8, first_id=1 << 22), "probe") as clien
     ids = [client.next_id() for _ in range(20)]
 loaded = sorted({name.partition(".")[0] for name in sys.modules})
 importable = sorted(n for n in json.loads(sys.argv[1]) if importlib.util.find_spec(n))
-print(json.dumps({"ids": ids, "loaded": loaded, "importable": importable, "path": sys.path}))
+found = {"file": allocator.client.__file__, "path": sys.path}
+print(json.dumps({"ids": ids, "loaded": loaded, "importable": importable, **found}))
 """
 
 
 def test_allocator_client_imports_and_works_with_only_its_dependencies(
-    client_env: ClientOnlyEnv,
+    client_env: Venv,
 ) -> None:
     assert {"kazoo", "apscheduler", "sqlalchemy", "alembic", "click"} <= NODE_MODULES
     result = client_env.run(PROBE, json.dumps(sorted(NODE_MODULES)))
-    assert result.returncode == 0, result.stderr
     probe = json.loads(result.stdout)
     assert probe["ids"] == list(range(1 << 22, (1 << 22) + 20))
     assert probe["importable"] == []
@@ -159,14 +120,22 @@ def test_allocator_client_imports_and_works_with_only_its_dependencies(
     own_site = str(Path(sys.executable).parent.parent)
     assert not [entry for entry in probe["path"] if entry.startswith(own_site)]
     assert str(client_env.site) in probe["path"]
+    assert Path(probe["file"]).is_relative_to(client_env.site)  # the wheel's, not the checkout's
 
 
-def test_the_console_script_says_how_to_install_the_node(client_env: ClientOnlyEnv) -> None:
-    result = client_env.run("from allocator.console import main; main()")
+def test_the_console_script_says_how_to_install_the_node(client_env: Venv) -> None:
+    result = client_env.command("allocator", "status", check=False)
     assert result.returncode == 69, result.stderr
     assert "Traceback" not in result.stderr
     assert result.stderr.count("\n") == 1
-    assert "pip install 'allocator[node]'" in result.stderr
+    assert "pip install 'snowflake-block-allocator[node]'" in result.stderr
+
+
+def test_the_console_script_tells_its_version_without_the_node(client_env: Venv) -> None:
+    result = client_env.command("allocator", "--version")
+    fields = {"prog": "allocator", "version": __version__, "package": DISTRIBUTION}
+    assert result.stdout == VERSION_MESSAGE % fields + "\n"
+    assert result.stderr == ""
 
 
 @pytest.fixture
@@ -179,7 +148,7 @@ def consumer_url(db_url: str) -> Iterator[str]:
 
 
 def test_id_client_claims_from_postgres_with_only_its_dependencies(
-    client_env: ClientOnlyEnv, consumer_url: str
+    client_env: Venv, consumer_url: str
 ) -> None:
     code = """
     import json, sys
@@ -192,6 +161,5 @@ def test_id_client_claims_from_postgres_with_only_its_dependencies(
     print(json.dumps({"first": first, "unused": unused.count, "block": blocks[0].first_id}))
     """
     result = client_env.run(code, consumer_url)
-    assert result.returncode == 0, result.stderr
     answer = json.loads(result.stdout)
     assert answer == {"first": 1 << 22, "unused": 4095, "block": 1 << 23}

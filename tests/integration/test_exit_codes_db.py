@@ -91,6 +91,7 @@ def test_a_refused_login_is_a_configuration_error_naming_the_role(
     wrong = with_password(db_url, password_role, "not-the-password")
     env = {
         "ALLOCATOR_POSTGRES_URL": wrong,
+        "ALLOCATOR_CLAIM_DATABASE_URL": wrong,
         "ALLOCATOR_ZOOKEEPER_HOSTS": cluster.zk_hosts,
         "ALLOCATOR_ZOOKEEPER_INSECURE": "true",
         "ALLOCATOR_POSTGRES_CONNECT_TIMEOUT_S": "2",

@@ -14,6 +14,7 @@ import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -27,6 +28,7 @@ from allocator.core.errors import ConfigError
 from allocator.fence import Watermark, watermark_path
 from allocator.node import EXIT_CONFIG, EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node
 from allocator.session import file as session_file
+from tests import output_schemas
 from tests.fixtures import zk
 from tests.fixtures.nodes import DEADLINE_S, SESSION_TIMEOUT_MS, RunningNode, wait_for
 from tests.fixtures.pg import claim, take_fence
@@ -357,6 +359,22 @@ def test_admin_http_serves_metrics_health_status_and_guards_step_down(
     assert snapshot["ready"] is True
     assert snapshot["pool"]["available_blocks"] >= 40
     assert snapshot["pool"]["runway_needed_s"] == SESSION_TIMEOUT_MS / 1000 + 5.0
+    output_schemas.assert_valid("node-status", snapshot)
+    output_schemas.assert_required_keys_matter("node-status", snapshot)
+    # /cluster: the first look finds no read yet, and wakes the node's reading thread
+    status, body = _http(f"{base}/cluster")
+    assert status == 200
+    output_schemas.assert_valid("cluster", json.loads(body))
+
+    def cluster_read() -> dict[str, Any] | None:
+        view: dict[str, Any] = json.loads(_http(f"{base}/cluster")[1])
+        leader = view["leader"]
+        return view if view["observed_at"] is not None and leader and leader["since"] else None
+
+    cluster = wait_for(cluster_read, "a complete /cluster view")
+    assert cluster["leader"]["name"] == "a"
+    output_schemas.assert_valid("cluster", cluster)
+    output_schemas.assert_required_keys_matter("cluster", cluster)
     assert _http(f"{base}/step-down", "POST")[0] == 401
     assert _http(f"{base}/step-down", "POST", token="wrong")[0] == 403
     assert _http(f"{base}/nothing")[0] == 404

@@ -1,9 +1,10 @@
 """Paused claims as the operator and a node see them (issue 19, item 4): ``allocator status``
-(text and ``--json``), a node's pool reading (``/status``'s ``pool`` and the
-``allocator_claims_paused`` metric)."""
+(text and ``--json``, the JSON checked against docs/schemas/status.schema.json), a node's pool
+reading (``/status``'s ``pool`` and the ``allocator_claims_paused`` metric)."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import psycopg
@@ -17,6 +18,7 @@ from allocator.config import Config, load_config
 from allocator.metrics import NodeMetrics
 from allocator.node.pool_watch import PoolWatch
 from allocator.postgres import store as db
+from tests import output_schemas
 
 pytestmark = pytest.mark.integration
 
@@ -42,15 +44,19 @@ def test_status_says_claims_are_paused_by_whom_and_why(config: Config, db_url: s
     assert data["pool"]["claims_paused"] is True
     assert data["claims_pause"]["reason"] == REASON
     assert data["claims_pause"]["paused_by"] == "postgres"
-    text = CliRunner().invoke(
-        cli.main,
-        ["status"],
-        env={"ALLOCATOR_ZOOKEEPER_HOSTS": config.zookeeper.hosts, "ALLOCATOR_POSTGRES_URL": db_url},
-    )
+    env = {"ALLOCATOR_ZOOKEEPER_HOSTS": config.zookeeper.hosts, "ALLOCATOR_POSTGRES_URL": db_url}
+    text = CliRunner().invoke(cli.main, ["status"], env=env)
     assert text.exit_code == 0, text.output
     assert f"!! CLAIMS PAUSED since {data['claims_pause']['paused_at']} by postgres: {REASON}" in (
         text.output
     )
+    # The JSON as printed: no node in the election, claims paused (docs/schemas/)
+    printed = CliRunner().invoke(cli.main, ["status", "--json"], env=env)
+    assert printed.exit_code == 0, printed.output
+    document = json.loads(printed.stdout)
+    assert (document["leader"], document["claims_pause"]["reason"]) == (None, REASON)
+    output_schemas.assert_valid("status", document)
+    output_schemas.assert_required_keys_matter("status", document)
 
 
 def sample(metrics: NodeMetrics) -> float:

@@ -1,5 +1,6 @@
 """The alert rules (deploy/prometheus): valid, unit-tested with promtool, and consistent with
-the metrics a node exports and the runbook (issue 12).
+the metrics a node exports and the runbook (issue 12): every ``runbook_url`` is the published
+runbook's absolute URL plus a section docs/operations.md has (issue 21).
 
 ``promtool`` comes from Debian's ``prometheus`` package (scripts/install-system-deps.sh);
 these tests fail, not skip, without it.
@@ -12,11 +13,13 @@ import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
 from prometheus_client import generate_latest
 
+from allocator.alert_rules import DEFAULT_RUNBOOK, check_runbook, runbook_links
 from allocator.metrics import NodeMetrics
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,14 +71,31 @@ def test_every_alert_is_tested_firing_and_quiet() -> None:
     assert alerts - quiet == set(), "never shown quiet"
 
 
+def _runbook_anchors() -> set[str]:
+    """The anchors of docs/operations.md's headings, as GitHub makes them."""
+    headings = re.findall(r"^#+ (.+)$", RUNBOOK.read_text(), flags=re.MULTILINE)
+    return {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-") for h in headings}
+
+
 @pytest.mark.parametrize("rule", _rules(), ids=lambda rule: rule["alert"])
 def test_every_alert_has_a_severity_and_a_runbook_section(rule: dict[str, Any]) -> None:
     assert rule["labels"]["severity"] in SEVERITIES
-    url = rule["annotations"]["runbook_url"]
-    assert url == f"docs/operations.md#{rule['alert'].lower()}"
-    headings = re.findall(r"^#+ (.+)$", RUNBOOK.read_text(), flags=re.MULTILINE)
-    anchors = {re.sub(r"[^a-z0-9 _-]", "", h.strip().lower()).replace(" ", "-") for h in headings}
-    assert rule["alert"].lower() in anchors, f"docs/operations.md has no section {rule['alert']}"
+    url = urlsplit(rule["annotations"]["runbook_url"])
+    # Absolute, so that Alertmanager's link leads somewhere: the published runbook.
+    assert url.scheme == "https"
+    assert url.netloc
+    assert url._replace(fragment="").geturl() == DEFAULT_RUNBOOK
+    assert url.fragment == rule["alert"].lower()
+    assert url.fragment in _runbook_anchors(), f"docs/operations.md has no section {rule['alert']}"
+
+
+def test_the_published_runbook_is_docs_operations_md() -> None:
+    assert DEFAULT_RUNBOOK.endswith("/docs/operations.md")
+    assert check_runbook(DEFAULT_RUNBOOK) == DEFAULT_RUNBOOK
+    assert DEFAULT_RUNBOOK in RUNBOOK.read_text()  # "Alert links" names it
+    # The rules' own unit tests expect the same links.
+    expected = {url for url, _anchor in runbook_links(RULE_TESTS.read_text())}
+    assert expected == {DEFAULT_RUNBOOK}
 
 
 def test_every_metric_the_rules_read_is_one_a_node_exports() -> None:

@@ -48,6 +48,7 @@ NODE_EXIT_CODES = {Exit.SESSION_LOST, Exit.FENCED}
 NO_JSON = {
     ("run",): "a node; `run --check` prints the effective config as JSON already",
     ("demo",): "a show for people; `drill --json` is its machine-readable counterpart",
+    ("alerts", "render"): "prints Prometheus rules (YAML) for a file, not a report",
 }
 
 

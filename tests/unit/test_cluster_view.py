@@ -13,6 +13,7 @@ from allocator.core.records import PoolStatus, TermRecord
 from allocator.node.cluster_view import HANDOVERS, ClusterView
 from allocator.zookeeper.calls import ZooKeeperCallTimeoutError
 from allocator.zookeeper.election import Contender, Identity, Queue
+from tests import output_schemas
 
 ELECTED = datetime(2026, 12, 2, 3, 0, tzinfo=UTC)
 NOW = ELECTED.timestamp() + 90.0
@@ -78,6 +79,7 @@ def test_before_any_read_the_view_is_empty_and_says_so() -> None:
     assert view["pool"] is None
     assert (view["observed_at"], view["age_s"], view["problems"]) == (None, None, [])
     assert view["now"] == NOW
+    output_schemas.assert_valid("cluster", view)
 
 
 def test_a_read_shows_the_leader_since_its_term_began_the_queue_pool_and_handovers() -> None:
@@ -96,6 +98,7 @@ def test_a_read_shows_the_leader_since_its_term_began_the_queue_pool_and_handove
         ("b", "stepped_down"),
     ]
     assert (shown["observed_at"], shown["age_s"], shown["problems"]) == (NOW, 0.0, [])
+    output_schemas.assert_valid("cluster", shown)
 
 
 def test_a_first_contender_that_does_not_hold_the_fence_yet_has_no_since() -> None:
@@ -126,6 +129,7 @@ def test_a_failing_source_keeps_its_last_answer_and_says_why() -> None:
         "database: read the pool status: connection refused",
     ]
     assert shown["observed_at"] == NOW  # that of the last complete read
+    output_schemas.assert_valid("cluster", shown)
     queue[0] = lambda: None
     store.reachable = True
     view.refresh()

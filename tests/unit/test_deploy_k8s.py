@@ -290,7 +290,7 @@ def test_the_pod_environment_is_a_valid_configuration(
 ) -> None:
     node = pod_config.node
     assert node.name == "allocator-0"  # stable: the pod's name
-    assert node.admin_address == "10.0.3.7:9100"  # the pod's address, not loopback
+    assert node.admin_address == "10.0.3.7:8470"  # the pod's address, not loopback
     assert node.log_format == "json"
     # Every secret, from the Secret's files.
     assert node.admin_token.get_secret_value()

@@ -16,6 +16,7 @@ import pytest
 
 from allocator.drill import resources
 from allocator.drill.resources import Bound, ProcessSample, ResourceLog, Sampler, judge, sample
+from tests import output_schemas
 
 INTERVAL_S = 10.0
 WAIT_S = 10.0
@@ -142,6 +143,7 @@ def test_steady_usage_passes() -> None:
     }
     assert got["bound"] == {"rss_growth_mib": 64, "fd_growth": 32, "thread_growth": 16}
     assert set(got) == {"bound", "nodes", "growth", "ok", "problems", "not_judged"}
+    output_schemas.assert_valid("drill", got, "resources")
     first = got["nodes"]["node-1"][0]
     assert first == {"t_s": 0.0, "pid": 100, "rss_mib": 60.0, "open_files": 24, "threads": 9}
 
@@ -174,6 +176,7 @@ def test_a_leak_over_the_bound_fails_naming_node_and_resource(
     assert problem.startswith(f"node-2: {resource} grew by ")
     assert words in problem
     assert "pid 200" in problem
+    output_schemas.assert_valid("drill", got, "resources")
     assert got["growth"]["node-2"][resource] > Bound().limit(resource)
     assert got["growth"]["node-1"] == {"rss_mib": 0.0, "open_files": 0, "threads": 0}
 
@@ -276,6 +279,7 @@ def test_a_node_that_never_lived_past_the_warm_up_is_not_judged() -> None:
     assert got["not_judged"] == ["node-2", "node-3"]
     assert set(got["growth"]) == {"node-1"}
     assert got["nodes"]["node-3"] == []
+    output_schemas.assert_valid("drill", got, "resources")
 
 
 # -- the sampler thread -----------------------------------------------------------------

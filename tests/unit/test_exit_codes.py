@@ -48,10 +48,12 @@ BASE_ENV = {
     "ALLOCATOR_ZOOKEEPER_INSECURE": "true",
     "ALLOCATOR_ZOOKEEPER_CONNECT_TIMEOUT_S": "0.3",
     "ALLOCATOR_POSTGRES_URL": CLOSED,
+    "ALLOCATOR_CLAIM_DATABASE_URL": CLOSED,
     "ALLOCATOR_POSTGRES_CONNECT_TIMEOUT_S": "1",
     "ALLOCATOR_NODE_ADMIN_TOKEN": TOKEN,
 }
-"""Every server on a closed port of 127.0.0.1 (a connection is refused at once)."""
+"""Every server on a closed port of 127.0.0.1 (a connection is refused at once). A case's
+empty value removes the variable."""
 
 
 # -- the table ----------------------------------------------------------------------------
@@ -280,6 +282,7 @@ CASES: dict[Exit, list[Case]] = {
     ],
     Exit.CONFIG: [
         case("step-down", says="node.admin_token is not set", ALLOCATOR_NODE_ADMIN_TOKEN=""),
+        case("claim", "--consumer", "c", says="no database URL", ALLOCATOR_CLAIM_DATABASE_URL=""),
         case("run", says="zookeeper.auth", ALLOCATOR_ZOOKEEPER_INSECURE="false"),
         case("reap-session", "--name", "node-1", says="node.state_dir is not set"),
         case("drill", "--config", "{folder}/bad.toml", says="pool.min_blocks"),
@@ -386,10 +389,11 @@ def test_each_command_ends_each_cause_with_its_code(
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         values["taken"] = str(taken.getsockname()[1])
-        env = {**BASE_ENV, **{k: fill(v, values) for k, v in case_.env}}
-        if "PATH" in env:
-            env["PATH"] += os.pathsep + os.environ.get("PATH", "")
-        result = invoke([fill(arg, values) for arg in case_.args], env=env)
+        env: dict[str, str | None] = {**BASE_ENV, **{k: fill(v, values) for k, v in case_.env}}
+        if env.get("PATH"):
+            env["PATH"] = f"{env['PATH']}{os.pathsep}{os.environ.get('PATH', '')}"
+        removed = {name: None for name, value in env.items() if value == ""}
+        result = invoke([fill(arg, values) for arg in case_.args], env={**env, **removed})
     shown = f"allocator {' '.join(case_.args)}: exit {result.exit_code}\n{result.output}"
     assert result.exit_code == code, shown
     assert case_.says in result.output, shown

@@ -38,6 +38,7 @@ from allocator.fence import Token
 from allocator.node import EXIT_CONFIG, EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node, Pacing
 from allocator.zookeeper import client as zkclient
 from allocator.zookeeper.election import Identity, ordered, sequence_of
+from tests import output_schemas
 from tests.fakes import (
     DEFAULT_LAYOUT,
     ClientFactory,
@@ -427,6 +428,7 @@ def test_a_first_contender_without_a_database_is_blocked_until_it_reaches_it(
         lambda: (s := b.node.snapshot())["role"] == "blocked" and s["blocked"] and s,
     )
     assert blocked["blocked"]["reason"] == "database_unreachable"
+    output_schemas.assert_valid("node-status", blocked)
     assert b.metric("allocator_blocked", {"reason": "database_unreachable"}) == 1
     assert b.metric("allocator_blocked", {"reason": "fence_ahead_of_zookeeper"}) == 0
     wait_for(
@@ -478,6 +480,7 @@ def test_an_unreadable_fence_generation_blocks_the_first_node_until_rewritten(
     )
     assert blocked["blocked"]["reason"] == "fence_generation_unreadable"
     assert "past the largest generation" in blocked["blocked"]["detail"]
+    output_schemas.assert_valid("node-status", blocked)
     assert a.metric("allocator_blocked", {"reason": "fence_generation_unreadable"}) == 1
     assert a.store.outcomes() == []
 
@@ -531,6 +534,7 @@ def test_a_fence_ahead_of_a_wiped_ensemble_is_reported_without_churn_until_rebas
         "fence": {"generation": 0, "epoch": old.token.epoch},
         "zookeeper": {"generation": 0, "newest_zxid": cluster.ensemble.stat(ELECTION).pzxid},
     }
+    output_schemas.assert_valid("node-status", blocked)
     assert a.metric("allocator_fence_ahead_of_zookeeper") == 1
     refusals = a.store.outcomes().count("stale")
     wait_for("a retries", lambda: a.store.outcomes().count("stale") >= refusals + 2)
@@ -572,6 +576,7 @@ def test_a_database_below_zookeepers_watermark_is_reported_and_not_taken_over(
         ),
     )
     assert blocked["database_behind_zookeeper"]["watermark"]["high_water_id"] == 5000
+    output_schemas.assert_valid("node-status", blocked)
     assert (
         "high-water mark -1 is below the watermark's 5000"
         in (blocked["database_behind_zookeeper"]["reason"])

@@ -293,14 +293,17 @@ def test_a_proc_of_this_pid_namespace_names_its_namespace(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     "status",
     [
-        f"NSpid:\t12345\t{os.getpid()}\n",  # a /proc of an outer namespace (no --mount-proc)
+        "NSpid:\t12345\t{pid}\n",  # a /proc of an outer namespace (no --mount-proc)
         "NSpid:\t1\n",  # some other process's view
         "",  # a kernel that does not say (before 4.1)
     ],
+    ids=["outer-namespace", "another-process", "kernel-says-nothing"],
 )
 def test_a_proc_in_which_this_process_is_not_itself_names_no_namespace(
     tmp_path: Path, status: str
 ) -> None:
+    """(Test ids and values do not hold the pid: every pytest worker collects the same.)"""
+    status = status.format(pid=os.getpid())
     assert reaper.pid_namespace(_fake_proc(tmp_path, status)) is None
 
 

@@ -46,7 +46,11 @@ def table(
     sizes = "/".join(str(size) for size in document["block_sizes"]) or "?"
     load = document["machine"]["loadavg_before"][0]
     yield (
-        f"allocator bench client: {document['seconds']:g} s per run, {document['batch_blocks']} "
+        "allocator bench client: a BURST per process (IDs handed out from memory, prefetch "
+        "claims from the cluster's pool): a cluster sustains no more than its leader cuts"
+    )
+    yield (
+        f"{document['seconds']:g} s per run, {document['batch_blocks']} "
         f"blocks x {sizes} IDs per claim, refill at {document['refill_at']:g}, "
         f"{document['machine']['cpus']} CPUs, load {load:.2f}"
     )
