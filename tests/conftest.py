@@ -1,14 +1,20 @@
 """Fixture plugins shared by every test folder (servers start only when a test asks), the
 ``soak`` marker: long runs that only ``ALLOCATOR_SOAK=1`` enables (CI does not set it), and
 the hypothesis profile (:mod:`tests.fuzz.profiles`: ``ci`` unless ``HYPOTHESIS_PROFILE``
-says otherwise), loaded here so every property test runs under it, whichever runs first."""
+says otherwise), loaded here so every property test runs under it, whichever runs first;
+and the process's logging put back after every test (:func:`process_logging_restored`)."""
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+import threading
+from collections.abc import Iterator
 
 import pytest
 
+from allocator.core import logs
 from tests.fuzz import profiles
 
 profiles.load()
@@ -23,6 +29,24 @@ pytest_plugins = [
 ]
 
 SOAK_ENV = "ALLOCATOR_SOAK"
+
+
+@pytest.fixture(autouse=True)
+def process_logging_restored() -> Iterator[None]:
+    """``allocator run`` invoked in this process (click's CliRunner) configures the process:
+    the root logger's handlers, warnings routed to logging, the thread and unraisable hooks.
+    Put them back after each test, or a later test in the same process (a pytest worker runs
+    files in no fixed order) sees them: ``logging.captureWarnings(True)`` is a no-op while an
+    earlier capture is still on, so that test's warnings never reach its own handler."""
+    root = logging.getLogger()
+    level, hooks = root.level, (threading.excepthook, sys.unraisablehook)
+    yield
+    logging.captureWarnings(False)
+    for handler in root.handlers[:]:  # only those logs.configure made: pytest keeps its own
+        if isinstance(handler.formatter, logs.RedactingFormatter | logs.JsonFormatter):
+            root.removeHandler(handler)
+    root.setLevel(level)
+    threading.excepthook, sys.unraisablehook = hooks
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
