@@ -28,16 +28,18 @@ from __future__ import annotations
 
 import argparse
 import threading
+import time
 from collections.abc import Callable, Sequence
 
 from allocator.commands.run import build_node, load, serve
-from allocator.core import logs
+from allocator.core import cutter, logs
 from allocator.core.errors import DatabaseError, FencedError
 from allocator.core.leadership import Term
 from allocator.core.records import ClockReading, CommitCheck, CutResult
 from allocator.fence import Token
 from allocator.postgres.store import NodeDatabase
 from jobs import refill
+from jobs.context import LeaderContext
 from jobs.leader import LeaderJobs
 
 log = logs.get_logger("tests.chaos.unsafe_node")
@@ -76,22 +78,59 @@ class UnsafeLeaderJobs(LeaderJobs):
 
 
 class LingeringLeaderJobs(LeaderJobs):
-    """Keeps a term's jobs running for ``linger_s`` seconds after the term ended."""
+    """Keeps a term's jobs running for ``linger_s`` seconds after the term ended, and cuts
+    one block with the old token every ``LINGER_CUT_EVERY_S`` meanwhile.
+
+    The forced cuts make the dual master certain: the scheduled refill alone writes only
+    when the pool is below its target, and on a busy machine the successor (or slow
+    consumers) kept it full for the whole linger, so a drill sometimes had nothing to catch.
+    """
 
     linger_s = 0.0
 
     def stop(self, timeout_s: float) -> bool:
-        job_ids, self._job_ids, self._ctx = self._job_ids, (), None
+        job_ids, ctx, self._job_ids, self._ctx = self._job_ids, self._ctx, (), None
         log.warning("unsafe_jobs_linger", seconds=self.linger_s, jobs=job_ids, note="TEST NODE")
         timer = threading.Timer(self.linger_s, self._remove, args=(job_ids,))
         timer.daemon = True
         timer.start()
+        if ctx is not None:
+            threading.Thread(
+                target=_cut_while_lingering, args=(ctx, self.linger_s), daemon=True
+            ).start()
         return True
 
     def _remove(self, job_ids: Sequence[str]) -> None:
         for job_id in job_ids:
             if self._scheduler.get_job(job_id) is not None:
                 self._scheduler.remove_job(job_id)
+
+
+LINGER_CUT_EVERY_S = 0.2
+
+
+def _cut_while_lingering(ctx: LeaderContext, linger_s: float) -> None:
+    """One block after the database's mark, with the ended term's token, every
+    ``LINGER_CUT_EVERY_S`` for ``linger_s`` seconds (whatever the pool level or the clock)."""
+    config = ctx.config
+    deadline = time.monotonic() + linger_s
+    while time.monotonic() < deadline:
+        try:
+            mark = ctx.db.pool_status().high_water_id
+            plan = cutter.plan_blocks(
+                config.layout,
+                config.cluster.datacenter_id,
+                config.layout_section.block_size,
+                mark,
+                ctx.now_ms(),
+                1,
+                config.pool.max_clock_behind_ms,
+            )
+            if plan.blocks:
+                ctx.db.cut_blocks(ctx.term.token, list(plan.blocks))
+        except Exception as exc:  # a test node: log and keep trying
+            log.warning("unsafe_linger_cut_failed", error=str(exc), note="TEST NODE")
+        time.sleep(LINGER_CUT_EVERY_S)
 
 
 class UnsafeNodeDatabase(NodeDatabase):
