@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import psycopg
 import pytest
@@ -31,7 +32,7 @@ VOIDED = "allocator:voided-aged"
 FENCED, INVALID, EMPTY, PRIVILEGE = "AL100", "AL103", "AL003", "42501"
 LAYOUT = Layout()
 
-Conn = psycopg.Connection[tuple[object, ...]]
+Conn = psycopg.Connection[Any]
 LoginAs = Callable[[str], Conn]
 
 
@@ -67,7 +68,7 @@ def login_as(db_url: str, admin: Conn) -> Iterator[LoginAs]:
 def db_now_ms(conn: Conn) -> int:
     row = conn.execute("SELECT allocator.db_now_ms()").fetchone()
     assert row is not None
-    return int(row[0])  # type: ignore[call-overload]
+    return int(row[0])
 
 
 def cut_at(conn: Conn, ms: int, count: int) -> list[tuple[int, int]]:
@@ -113,7 +114,7 @@ def void(conn: Conn, ahead_ms: int = 0, limit: int = 1000, epoch: int = EPOCH) -
         "SELECT allocator.void_aged_blocks(0, %s, %s, %s)", (epoch, ahead_ms, limit)
     ).fetchone()
     assert row is not None
-    return int(row[0])  # type: ignore[call-overload]
+    return int(row[0])
 
 
 def voided_count(conn: Conn) -> int:
@@ -121,13 +122,13 @@ def voided_count(conn: Conn) -> int:
         "SELECT count(*) FROM allocator.blocks WHERE claimed_by = %s", (VOIDED,)
     ).fetchone()
     assert row is not None
-    return int(row[0])  # type: ignore[call-overload]
+    return int(row[0])
 
 
 def claim_position(conn: Conn) -> int:
     row = conn.execute("SELECT claim_position FROM allocator.pool_status").fetchone()
     assert row is not None
-    return int(row[0])  # type: ignore[call-overload]
+    return int(row[0])
 
 
 def sqlstate(conn: Conn, statement: str, params: tuple[object, ...] = ()) -> str | None:
@@ -156,7 +157,7 @@ def test_without_a_heartbeat_an_older_leaders_pool_is_served_as_before(admin: Co
     ).fetchone()
     assert row is not None
     assert row[:4] == (None, None, None, False)
-    assert 0 <= int(row[4]) < 60_000  # type: ignore[call-overload]  # the fresh block
+    assert 0 <= int(row[4]) < 60_000  # the fresh block
     expiring = admin.execute("SELECT * FROM allocator.claim_blocks_expiring('app')").fetchall()
     assert len(expiring) == 1
     assert expiring[0][3] is None  # no bound in force
@@ -210,7 +211,7 @@ def test_the_leaders_void_moves_the_tickets_past_the_voided_blocks(admin: Conn) 
     before = claim_position(admin)
     assert void(admin, limit=60) == 60  # in bulk, at most the limit...
     voided = {
-        int(first)  # type: ignore[call-overload]
+        int(first)
         for (first,) in admin.execute(
             "SELECT first_id FROM allocator.blocks WHERE claimed_by = %s", (VOIDED,)
         ).fetchall()
