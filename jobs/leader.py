@@ -24,7 +24,7 @@ from allocator.core.clock import wall_clock_ms
 from allocator.core.leadership import Term
 from allocator.metrics import NodeMetrics
 from allocator.node.seams import LeaderHooks, LeaderStore
-from jobs import refill, retention, sampling
+from jobs import aging, refill, retention, sampling
 from jobs.context import LeaderContext
 
 log = logs.get_logger(__name__)
@@ -32,6 +32,7 @@ log = logs.get_logger(__name__)
 REFILL_JOB = "refill"
 RETENTION_JOB = "retention"
 SAMPLING_JOB = "sampling"
+AGING_JOB = "aging"
 RETENTION_INTERVAL_S = 60.0
 
 
@@ -69,12 +70,13 @@ class LeaderJobs:
         self._ctx = ctx
         ctx.wake_refill = self.wake_refill
         suffix = f"-{term.token.generation}-{term.token.epoch}"
-        refill_id, sampling_id, retention_id = (
+        refill_id, sampling_id, retention_id, aging_id = (
             REFILL_JOB + suffix,
             SAMPLING_JOB + suffix,
             RETENTION_JOB + suffix,
+            AGING_JOB + suffix,
         )
-        self._job_ids = (refill_id, sampling_id, retention_id)
+        self._job_ids = (refill_id, sampling_id, retention_id, aging_id)  # refill first
         pool = ctx.config.pool
         common: dict[str, Any] = {"max_instances": 1, "coalesce": True, "replace_existing": True}
         now = datetime.now(UTC)
@@ -94,6 +96,14 @@ class LeaderJobs:
             id=sampling_id,
             seconds=pool.sample_interval_s,
             next_run_time=now,
+            **common,
+        )
+        self._scheduler.add_job(
+            aging.run,
+            "interval",
+            args=[ctx],
+            id=aging_id,
+            seconds=pool.refill_interval_s,
             **common,
         )
         self._scheduler.add_job(

@@ -23,12 +23,16 @@ Rules:
   alert gauge, log ``clock_behind``, keep serving the pool. Past the layout's time range:
   refuse, set ``allocator_time_range_exhausted``, log loudly. Another layout in the database
   (AL104): fatal, the node stops (exit 78).
+- Every run first writes the leader's heartbeat (fenced, with ``pool.max_block_age_s``, the
+  leaderless setting and :func:`allocator.config.block_age.leader_stale_ms`): the
+  database's proof that a leader serves, under which ``claim_blocks`` holds the bound on an
+  ID's age. The first run of a term runs at once, so the takeover writes it too.
 - Stranded blocks are requeued (fenced) on every run; every committed write is reported to
   the node's health record, and every committed cut's last ID to the node, which raises
   ZooKeeper's watermark (:mod:`allocator.fence`).
 - A database below ZooKeeper's watermark (restored, or failed over to a standby that missed
-  commits) gets no write at all, not even a requeue: blocks claimed after its restore point
-  read as unclaimed there, and a requeue would hand them out again.
+  commits) gets no write at all, not even a requeue or a heartbeat: blocks claimed after its
+  restore point read as unclaimed there, and a requeue would hand them out again.
 - How the database replicates is checked on every run: standbys that no commit waits for
   mean no cutting, unless ``postgres.allow_async_replication`` (docs/postgres-ha.md).
 """
@@ -38,7 +42,7 @@ from __future__ import annotations
 import threading
 import time
 
-from allocator.config import PoolConfig, runway
+from allocator.config import PoolConfig, block_age, runway
 from allocator.core import cutter, logs
 from allocator.core.errors import (
     BehindHighWaterError,
@@ -96,6 +100,9 @@ def _refill(ctx: LeaderContext) -> int:
         ctx.hooks.health.write_succeeded()
         ctx.metrics.refill_seconds.observe(time.monotonic() - started)
         return 0
+    # The heartbeat first (migration 0011): while it is fresh, claim_blocks holds the bound on
+    # an ID's age; the first run of a term writes it right after the takeover.
+    db.leader_heartbeat(term.token, block_age.bound(config), commit_if=term.may_write)
     db.requeue_stranded(term.token, commit_if=term.may_write)
     ctx.hooks.health.write_succeeded()
     ahead_ms = max(0, status.mark_ahead_ms or 0)

@@ -82,6 +82,8 @@ def cross_check(
         if zookeeper.world_readable and not has_auth:
             message = "needs zookeeper.auth (without it every znode is open to all anyway)"
             problems.append(("zookeeper.world_readable", message, True))
+    if isinstance(pool, PoolConfig):
+        problems += _block_age_problems(pool, zookeeper)
     leader = sections.get("leader")
     if isinstance(leader, LeaderConfig) and isinstance(pool, PoolConfig):
         # A contender's advert may be two probes old, and a leader judges its own writes
@@ -92,4 +94,25 @@ def cross_check(
                 f"must be > 2 x leader.probe_interval_s + pool.refill_interval_s ({least:g} s)"
             )
             problems.append(("leader.db_unreachable_s", message, leader.db_unreachable_s))
+    return problems
+
+
+def _block_age_problems(pool: PoolConfig, zookeeper: BaseModel | None) -> list[Problem]:
+    """``pool.max_block_age_s`` must exceed the runway a handover needs (a pool cut just before
+    a leader died must not age out during the handover) and the void job's lead of at least
+    two refill intervals (:mod:`allocator.config.block_age`)."""
+    problems: list[Problem] = []
+    bound = pool.max_block_age_s
+    if isinstance(zookeeper, ZookeeperConfig):
+        needed = zookeeper.session_timeout_ms / 1000 + pool.handover_margin_s
+        if bound <= needed:
+            message = (
+                f"must be > the runway a handover needs, zookeeper.session_timeout_ms + "
+                f"pool.handover_margin_s ({needed:g} s)"
+            )
+            problems.append(("pool.max_block_age_s", message, bound))
+    least = 2 * pool.refill_interval_s
+    if bound <= least:
+        message = f"must be > 2 x pool.refill_interval_s ({least:g} s)"
+        problems.append(("pool.max_block_age_s", message, bound))
     return problems

@@ -286,6 +286,21 @@ class PoolConfig(Section):
     """A node whose clock differs from the database server's by more refuses to cut."""
     retention_s: Float = Field(default=86_400.0, gt=0)
     sample_interval_s: Float = Field(default=5.0, gt=0)
+    max_block_age_s: Float = Field(default=300.0, gt=0)
+    """The bound on an ID's age: no block whose first ID lies further than this behind the
+    database clock is handed out while a leader serves (``claim_blocks`` voids and skips it;
+    the leader voids such blocks in bulk ahead of the bound, :mod:`allocator.config.block_age`).
+    5 minutes by default: an ID read as "created around" is off by minutes at most, while the
+    bound stays far above what a handover needs (15 s by default), so a pool cut just before
+    a leader died still serves through the handover. It must exceed that runway
+    (``zookeeper.session_timeout_ms`` + :attr:`handover_margin_s`) and two refill intervals;
+    a config where it does not is refused."""
+    serve_aged_blocks_without_leader: bool = True
+    """While no leader serves (its heartbeat older than
+    :func:`allocator.config.block_age.leader_stale_ms`): true (the default) keeps
+    ``claim_blocks`` handing out blocks older than the bound, so claims keep working through a
+    leaderless stretch, the pool's purpose, at the price of older IDs; false keeps the bound,
+    so claims get ``AL003`` once the pool's blocks have all aged."""
 
 
 class LeaderConfig(Section):

@@ -143,3 +143,15 @@ class Replication:
             f"synchronous_standby_names={self.synchronous_standby_names!r} "
             f"synchronous_commit={self.synchronous_commit}"
         )
+
+
+@dataclass(frozen=True, slots=True)
+class BlockAgeBound:
+    """The bound on an ID's age, as the leader's heartbeat gives it to the database
+    (``allocator.leader_heartbeat``, migration 0011)."""
+
+    max_block_age_ms: int
+    serve_aged_without_leader: bool
+    """While no leader serves: True keeps handing out aged blocks, False refuses them."""
+    leader_stale_ms: int
+    """How old the heartbeat may be while the leader still counts as serving."""

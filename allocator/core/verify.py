@@ -2,8 +2,9 @@
 
 :func:`check` takes what the consumers recorded (every claim that *returned* to them, see
 :mod:`allocator.drill.consumers`), the ``allocator.block_ledger`` and ``allocator.leader_history``
-views, the fenced maintenance writes (``allocator.fenced_writes``) and the Snowflake layout
-(all read by :mod:`allocator.postgres.ledger`), and returns every violation found; an empty list
+views, the fenced maintenance writes (``allocator.fenced_writes``), the leader's serving
+stretches (``allocator.serving_history``, migration 0011) and the Snowflake layout (all read
+by :mod:`allocator.postgres.ledger`), and returns every violation found; an empty list
 means the run was clean. It is pure (no I/O, no clock), so ``tests/unit/test_verify.py``
 proves on synthetic data that each kind of violation is caught. ``allocator drill``,
 ``allocator demo`` and the chaos suite all judge their runs with it.
@@ -44,6 +45,18 @@ Rules, one per invariant (the ``invariant`` field of a :class:`Violation`):
   rule of DESIGN §11: no block's last ID carries a millisecond past its ``cut_at`` (the
   database clock) plus ``max(max_clock_ahead_ms, the lead of the block cut before it)``;
   the first block in the ledger is judged against ``initial_lead_ms``.
+- I7 the bound on an ID's age (migration 0011): no block handed out while a bound was in
+  force carries a first ID older than that bound at its hand-out. The hand-out time is the
+  ledger's ``claimed_at`` (the claim's statement time, by the database clock; voids, whose
+  ``claimed_by`` starts with ``allocator:``, are not hand-outs); when a bound was in force
+  comes from ``allocator.serving_history``: a stretch of heartbeats no more than
+  ``leader_stale_ms / 2`` apart, so a leader served, as ``claim_blocks`` judged it, from its
+  ``first_at`` to ``last_at + leader_stale_ms``, with that stretch's ``max_block_age_ms``;
+  with ``serve_aged_without_leader`` false the bound held on until the next stretch began.
+  A heartbeat is visible to claims only once it commits, so ``serving_grace_ms`` is left
+  unjudged at both ends of each stretch (where two stretches overlap, the larger bound is
+  used). Judged against ``claimed_at`` rather than the time the claim read the bound,
+  which came later in the same call: a claim the database let through is never reported.
 - I6 (a node that cannot prove it leads writes nothing) is not checkable from these inputs:
   the database never learns when a node's ZooKeeper session was suspended or lost, and a
   write made while the fence is still the node's is indistinguishable from a legitimate
@@ -61,7 +74,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from allocator.core.errors import InvalidIdError
@@ -69,6 +82,12 @@ from allocator.core.layout import Layout
 
 MAX_PER_RULE = 50
 """Violations reported per rule at most: one broken rule must not drown the report."""
+SERVING_GRACE_MS = 1000
+"""Left unjudged at each end of a serving stretch (I7): a heartbeat's commit takes far less."""
+_FOREVER = datetime.max.replace(tzinfo=UTC)
+VOID_PREFIX = "allocator:"
+"""``claimed_by`` of blocks the allocator voided (``allocator:voided-aged``,
+``allocator:voided-by-reset``): never handed out."""
 
 Token = tuple[int, int]
 """``(generation, epoch)``: the fencing token, ordered as the fence orders it."""
@@ -125,8 +144,23 @@ class TermRow:
 
 
 @dataclass(frozen=True)
+class ServingRow:
+    """One row of ``allocator.serving_history``: a stretch of one leader's heartbeats."""
+
+    stretch_id: int
+    generation: int
+    epoch: int
+    max_block_age_ms: int
+    serve_aged_without_leader: bool
+    leader_stale_ms: int
+    first_at: datetime
+    last_at: datetime
+    heartbeats: int = 1
+
+
+@dataclass(frozen=True)
 class Violation:
-    """One broken rule: the invariant (``"I1"`` … ``"I5"``) and what was seen."""
+    """One broken rule: the invariant (``"I1"`` … ``"I7"``) and what was seen."""
 
     invariant: str
     message: str
@@ -148,6 +182,8 @@ def check(
     max_clock_ahead_ms: int = 1000,
     initial_lead_ms: int = 0,
     datacenter_id: int | None = None,
+    serving: Iterable[ServingRow] = (),
+    serving_grace_ms: int = SERVING_GRACE_MS,
 ) -> list[Violation]:
     """Every violation of the module's rules in one run; [] when clean."""
     claims = list(records)
@@ -170,6 +206,7 @@ def check(
         _tokens_in_order("write", "written", [(w.write_id, _token(w)) for w in fenced]),
         _timestamps(ledger, layout),
         _within_clock_bound(ledger, layout, max_clock_ahead_ms, initial_lead_ms),
+        _within_age_bound(ledger, _bound_windows(serving, serving_grace_ms), layout),
     ):
         found.extend(itertools.islice(rule, MAX_PER_RULE))
     return found
@@ -314,7 +351,7 @@ def _cut_order(ledger: Sequence[LedgerRow]) -> Iterable[Violation]:
 # -- I3 ---------------------------------------------------------------------------------------
 
 
-def _token(item: TermRow | LedgerRow | WriteRow) -> Token:
+def _token(item: TermRow | LedgerRow | WriteRow | ServingRow) -> Token:
     return (item.generation, item.epoch)
 
 
@@ -411,6 +448,63 @@ def _timestamps(ledger: Sequence[LedgerRow], layout: Layout) -> Iterable[Violati
             )
         if latest is None or timestamp_ms > latest[0]:
             latest = (timestamp_ms, row.block_id)
+
+
+# -- I7 ---------------------------------------------------------------------------------------
+
+BoundWindow = tuple[datetime, datetime, int, ServingRow]
+"""When a bound was in force for sure: (from, until, max_block_age_ms, the stretch)."""
+
+
+def _bound_windows(serving: Iterable[ServingRow], grace_ms: int) -> list[BoundWindow]:
+    stretches = sorted(serving, key=lambda row: (row.first_at, row.stretch_id))
+    grace = timedelta(milliseconds=grace_ms)
+    windows: list[BoundWindow] = []
+    for index, row in enumerate(stretches):
+        start = row.first_at + grace
+        if row.serve_aged_without_leader:
+            end = row.last_at + timedelta(milliseconds=row.leader_stale_ms) - grace
+        else:  # the bound held on, leader or not, until the next leader's settings
+            later = stretches[index + 1 :]
+            end = later[0].first_at if later else _FOREVER
+        if end > start:
+            windows.append((start, end, row.max_block_age_ms, row))
+    return windows
+
+
+def _within_age_bound(
+    ledger: Sequence[LedgerRow], windows: Sequence[BoundWindow], layout: Layout
+) -> Iterable[Violation]:
+    if not windows:
+        return
+    for row in ledger:
+        if row.claimed_at is None or row.claimed_by is None:
+            continue
+        if row.claimed_by.startswith(VOID_PREFIX):
+            continue
+        held = [w for w in windows if w[0] <= row.claimed_at <= w[1]]
+        if not held:
+            continue
+        try:
+            born_ms = layout.decode(row.first_id).timestamp_ms
+        except InvalidIdError:
+            continue  # reported by _timestamps
+        bound_ms = max(w[2] for w in held)
+        stretch = max(held, key=lambda w: w[2])[3]
+        claimed_ms = int(row.claimed_at.timestamp() * 1000)
+        if born_ms < claimed_ms - bound_ms:
+            why = (
+                "a leader served"
+                if stretch.serve_aged_without_leader
+                else "the bound held without a leader too"
+            )
+            yield Violation(
+                "I7",
+                f"block {row.block_id} {_span(row)} was handed out to {row.claimed_by!r} at "
+                f"{row.claimed_at.isoformat()}, {claimed_ms - born_ms} ms after its first ID's "
+                f"time; the bound was {bound_ms} ms and {why} (serving stretch "
+                f"{stretch.stretch_id}, token {_token(stretch)})",
+            )
 
 
 def _span(item: Claim | LedgerRow) -> str:

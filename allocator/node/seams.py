@@ -10,12 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Protocol
 
 from allocator.core.errors import AllocatorError, FencedError
 from allocator.core.health import NodeHealth
 from allocator.core.leadership import Term
 from allocator.core.records import (
+    BlockAgeBound,
     ClockReading,
     CommitCheck,
     CutResult,
@@ -82,6 +84,21 @@ class LeaderStore(Protocol):
         self,
         token: Token,
         retention_s: float,
+        limit: int,
+        commit_if: CommitCheck | None = None,
+    ) -> int: ...
+
+    def leader_heartbeat(
+        self,
+        token: Token,
+        bound: BlockAgeBound,
+        commit_if: CommitCheck | None = None,
+    ) -> datetime: ...
+
+    def void_aged_blocks(
+        self,
+        token: Token,
+        ahead_ms: int,
         limit: int,
         commit_if: CommitCheck | None = None,
     ) -> int: ...

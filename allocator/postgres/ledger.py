@@ -3,8 +3,10 @@
 Rules:
 
 - Reads only views the operator role may read (docs/sql.md): ``block_ledger``,
-  ``leader_history``, ``fenced_writes`` and ``layout``; so the superuser URL of an embedded
-  cluster and an ``allocator_operator`` login both work. Nothing is written.
+  ``leader_history``, ``fenced_writes``, ``layout`` and ``serving_history`` (migration
+  0011; a database without it has no bound to judge, and reads as no stretch); so the
+  superuser URL of an embedded cluster and an ``allocator_operator`` login both work.
+  Nothing is written.
 - Each read is one statement, named here, on the caller's connection (:func:`read`) or on a
   short autocommit connection of its own (:func:`read_url`); an unreachable or unreadable
   database is a :class:`~allocator.core.errors.DatabaseError` naming what could not be read.
@@ -17,14 +19,22 @@ Rules:
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import psycopg
 
 from allocator.core.errors import DatabaseError
 from allocator.core.layout import Layout
-from allocator.core.verify import Claim, LedgerRow, TermRow, Violation, WriteRow, check
+from allocator.core.verify import (
+    Claim,
+    LedgerRow,
+    ServingRow,
+    TermRow,
+    Violation,
+    WriteRow,
+    check,
+)
 
 CONNECT_TIMEOUT_S = 5
 
@@ -41,6 +51,13 @@ READ_WRITES: Final = (
     " FROM allocator.fenced_writes ORDER BY write_id"
 )
 """The fenced requeues and prunes that changed something, in write order."""
+READ_SERVING: Final = (
+    "SELECT stretch_id, generation, epoch, max_block_age_ms, serve_aged_without_leader,"
+    " leader_stale_ms, first_at, last_at, heartbeats"
+    " FROM allocator.serving_history ORDER BY stretch_id"
+)
+"""When a bound on an ID's age was in force (migration 0011)."""
+HAS_SERVING: Final = "SELECT to_regclass('allocator.serving_history') IS NOT NULL"
 READ_LAYOUT: Final = (
     "SELECT epoch_ms, timestamp_bits, datacenter_bits, lane_bits, sequence_bits, datacenter_id"
     " FROM allocator.layout"
@@ -57,6 +74,8 @@ class Evidence:
     layout: Layout | None
     """As recorded by the first takeover; None before any."""
     datacenter_id: int | None
+    serving: list[ServingRow] = field(default_factory=list)
+    """The leader's serving stretches; none before migration 0011."""
 
 
 def read_ledger(conn: psycopg.Connection[Any]) -> list[LedgerRow]:
@@ -69,6 +88,14 @@ def read_history(conn: psycopg.Connection[Any]) -> list[TermRow]:
 
 def read_writes(conn: psycopg.Connection[Any]) -> list[WriteRow]:
     return [WriteRow(*row) for row in conn.execute(READ_WRITES).fetchall()]
+
+
+def read_serving(conn: psycopg.Connection[Any]) -> list[ServingRow]:
+    """The serving stretches; [] on a database without them (before migration 0011)."""
+    row = conn.execute(HAS_SERVING).fetchone()
+    if row is None or not row[0]:
+        return []
+    return [ServingRow(*found) for found in conn.execute(READ_SERVING).fetchall()]
 
 
 def read_layout(conn: psycopg.Connection[Any]) -> tuple[Layout | None, int | None]:
@@ -88,9 +115,17 @@ def read_layout(conn: psycopg.Connection[Any]) -> tuple[Layout | None, int | Non
 
 
 def read(conn: psycopg.Connection[Any]) -> Evidence:
-    """The ledger, the history, the fenced writes and the layout, on ``conn``."""
+    """The ledger, the history, the fenced writes, the layout and the serving stretches, on
+    ``conn``."""
     layout, datacenter_id = read_layout(conn)
-    return Evidence(read_ledger(conn), read_history(conn), read_writes(conn), layout, datacenter_id)
+    return Evidence(
+        read_ledger(conn),
+        read_history(conn),
+        read_writes(conn),
+        layout,
+        datacenter_id,
+        read_serving(conn),
+    )
 
 
 def read_url(url: str, *, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> Evidence:
@@ -127,4 +162,5 @@ def judge(
         max_clock_ahead_ms=max_clock_ahead_ms,
         initial_lead_ms=initial_lead_ms,
         datacenter_id=evidence.datacenter_id,
+        serving=evidence.serving,
     )

@@ -6,7 +6,8 @@ Rules:
   else talks
   to PostgreSQL) addresses statements by these names and holds no SQL text.
 - Writes go through the schema's functions (``take_fence``, ``cut_blocks``,
-  ``requeue_stranded``, ``prune_claimed``, ``end_term``, ``record_pool_sample``, and the
+  ``requeue_stranded``, ``prune_claimed``, ``leader_heartbeat``, ``void_aged_blocks``,
+  ``end_term``, ``record_pool_sample``, and the
   operator's ``rebase_fence``), never
   through table DML: the node role has no INSERT/UPDATE/DELETE on any table, and the block
   writes among those functions are fenced on the caller's exact epoch inside the statement.
@@ -91,6 +92,20 @@ PRUNE_CLAIMED: Final = (
 """Fenced retention (migrations 0002, 0003): deletes at most ``limit`` blocks claimed more
 than ``retention_ms`` ago by the database clock, oldest claims first; never an unclaimed
 block. Returns how many went."""
+
+LEADER_HEARTBEAT: Final = (
+    "SELECT allocator.leader_heartbeat(%(generation)s, %(epoch)s, %(max_block_age_ms)s,"
+    " %(serve_aged_without_leader)s, %(leader_stale_ms)s) AS heartbeat_at"
+)
+"""Fenced (migration 0011): the leader serves, with its bound on an ID's age; returns the
+heartbeat's time (the database clock)."""
+
+VOID_AGED_BLOCKS: Final = (
+    "SELECT allocator.void_aged_blocks(%(generation)s, %(epoch)s, %(ahead_ms)s, %(limit)s)"
+    " AS voided"
+)
+"""Fenced (migration 0011): voids at most ``limit`` unclaimed blocks older than the bound minus
+``ahead_ms``, oldest first, and moves the claim tickets past them; returns how many."""
 
 END_TERM: Final = (
     "SELECT coalesce(allocator.end_term(%(generation)s, %(epoch)s, %(reason)s), false) AS ended"

@@ -52,6 +52,7 @@ import math
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -71,6 +72,7 @@ from allocator.core.errors import (
 )
 from allocator.core.layout import Layout
 from allocator.core.records import (
+    BlockAgeBound,
     ClockReading,
     CommitCheck,
     CutResult,
@@ -395,6 +397,42 @@ class NodeDatabase:
             "limit": limit,
         }
         return int(self._scalar("prune claimed blocks", sql.PRUNE_CLAIMED, params, commit_if))
+
+    def leader_heartbeat(
+        self,
+        token: Token,
+        bound: BlockAgeBound,
+        commit_if: CommitCheck | None = None,
+    ) -> datetime:
+        """Record that this leader serves, with its bound on an ID's age (fenced); the
+        heartbeat's time by the database clock."""
+        params = {
+            "generation": token.generation,
+            "epoch": token.epoch,
+            "max_block_age_ms": bound.max_block_age_ms,
+            "serve_aged_without_leader": bound.serve_aged_without_leader,
+            "leader_stale_ms": bound.leader_stale_ms,
+        }
+        what = "write the leader heartbeat"
+        beat: datetime = self._scalar(what, sql.LEADER_HEARTBEAT, params, commit_if)
+        return beat
+
+    def void_aged_blocks(
+        self,
+        token: Token,
+        ahead_ms: int,
+        limit: int,
+        commit_if: CommitCheck | None = None,
+    ) -> int:
+        """Void at most ``limit`` unclaimed blocks older than the bound minus ``ahead_ms``,
+        oldest first (fenced); how many."""
+        params = {
+            "generation": token.generation,
+            "epoch": token.epoch,
+            "ahead_ms": ahead_ms,
+            "limit": limit,
+        }
+        return int(self._scalar("void aged blocks", sql.VOID_AGED_BLOCKS, params, commit_if))
 
     def end_term(self, token: Token, reason: str) -> bool:
         """Mark the term of ``token`` ended; False when it was already ended or is unknown."""

@@ -15,6 +15,11 @@ migrations/sql/0003 that the node depends on):
 - ``end_term`` ends the open term of exactly that token, once (False otherwise).
 - ``rebase`` is the operator's ``allocator fence rebase``: generation + 1, epoch 0, no
   holder, open terms ended ``rebased``.
+- ``leader_heartbeat`` and ``void_aged_blocks`` (migration 0011) are fenced on the exact
+  token (:class:`FencedError` otherwise). The heartbeat is recorded (``heartbeats``); the
+  fake keeps no blocks, only a count of aged ones (``aged_blocks``), of which a void takes
+  at most its limit (and records its lead, ``voids``). A ``commit_if`` that says no makes
+  them raise :class:`WriteAbandonedError` with nothing written.
 - :class:`FakeStore` is one node's connection. ``reachable = False`` makes every call raise
   :class:`DatabaseUnavailableError`, as a node cut off from the database sees.
   ``clock_offset_ms`` is how far the database server's clock is from this node's: ``read_clock``
@@ -32,11 +37,21 @@ from typing import Literal
 from allocator.core.errors import (
     DatabaseBehindError,
     DatabaseUnavailableError,
+    FencedError,
     InvalidBatchError,
     LayoutMismatchError,
     StaleTakeoverError,
+    WriteAbandonedError,
 )
-from allocator.core.records import ClockReading, FenceState, PoolStatus, Takeover, TermRecord
+from allocator.core.records import (
+    BlockAgeBound,
+    ClockReading,
+    CommitCheck,
+    FenceState,
+    PoolStatus,
+    Takeover,
+    TermRecord,
+)
 from allocator.fence import Token, Watermark, database_behind
 from allocator.postgres.operator import Rebase
 
@@ -56,6 +71,12 @@ class FakeDatabase:
         """The layout the database recorded (None until the first takeover records one)."""
         self._terms: list[TermRecord] = []
         self.high_water_id = -1
+        self.heartbeats: list[tuple[Token, BlockAgeBound]] = []
+        """Every heartbeat written, oldest first."""
+        self.aged_blocks = 0
+        """Unclaimed blocks past the bound (minus any lead): what a void takes."""
+        self.voids: list[tuple[Token, int]] = []
+        """Every void that ran: its token and its lead (``ahead_ms``)."""
 
     def take_fence(
         self,
@@ -136,6 +157,24 @@ class FakeDatabase:
         with self._lock:
             return dataclasses.replace(self._fence, high_water_id=self.high_water_id)
 
+    def leader_heartbeat(self, token: Token, bound: BlockAgeBound) -> datetime:
+        with self._lock:
+            self._lock_fence(token)
+            self.heartbeats.append((token, bound))
+            return datetime.now(UTC)
+
+    def void_aged_blocks(self, token: Token, ahead_ms: int, limit: int) -> int:
+        with self._lock:
+            self._lock_fence(token)
+            voided = min(limit, self.aged_blocks)
+            self.aged_blocks -= voided
+            self.voids.append((token, ahead_ms))
+            return voided
+
+    def _lock_fence(self, token: Token) -> None:
+        if self._fence.token != token:
+            raise FencedError(f"fenced: token {token} does not hold the fence (fake)")
+
     def history(self) -> list[TermRecord]:
         """Every term, oldest first."""
         with self._lock:
@@ -212,6 +251,20 @@ class FakeStore:
         self._check_reachable("read the fence")
         return self.database.fence()
 
+    def leader_heartbeat(
+        self, token: Token, bound: BlockAgeBound, commit_if: CommitCheck | None = None
+    ) -> datetime:
+        self._check_reachable("write the leader heartbeat")
+        _check_commit("write the leader heartbeat", commit_if)
+        return self.database.leader_heartbeat(token, bound)
+
+    def void_aged_blocks(
+        self, token: Token, ahead_ms: int, limit: int, commit_if: CommitCheck | None = None
+    ) -> int:
+        self._check_reachable("void aged blocks")
+        _check_commit("void aged blocks", commit_if)
+        return self.database.void_aged_blocks(token, ahead_ms, limit)
+
     def leader_history(self, limit: int) -> list[TermRecord]:
         self._check_reachable("read the leader history")
         return self.database.history()[::-1][:limit]
@@ -248,3 +301,9 @@ class FakeStore:
     def _check_reachable(self, what: str) -> None:
         if not self.reachable:
             raise DatabaseUnavailableError(f"{what}: the database is unreachable (fake)")
+
+
+def _check_commit(what: str, commit_if: CommitCheck | None) -> None:
+    """A fenced write whose ``commit_if`` says no is rolled back: nothing of it happens."""
+    if commit_if is not None and not commit_if():
+        raise WriteAbandonedError(f"{what}: abandoned before commit (fake)")

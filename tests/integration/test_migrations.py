@@ -16,10 +16,12 @@ TABLES_0002 = {"fence", "high_water", "blocks", "leader_terms", "pool_samples"}
 TABLES_0003 = TABLES_0002 | {"cluster_layout", "fence_rebases", "fenced_writes"}
 TABLES_0004 = TABLES_0003 | {"held_tickets"}
 TABLES_0009 = TABLES_0004 | {"pool_resets"}
-TABLES = TABLES_0009 | {"claim_pause", "claim_pauses"}
+TABLES_0010 = TABLES_0009 | {"claim_pause", "claim_pauses"}
+TABLES = TABLES_0010 | {"block_age", "serving_stretches"}
 VIEWS_0002 = {"block_ledger", "pool_status", "leader_history"}
 VIEWS_0009 = VIEWS_0002 | {"fence_history", "layout"}
-VIEWS = VIEWS_0009 | {"claim_pause_history"}
+VIEWS_0010 = VIEWS_0009 | {"claim_pause_history"}
+VIEWS = VIEWS_0010 | {"block_age_status", "serving_history"}
 FUNCTIONS_0002 = {
     "claim_blocks",
     "take_fence",
@@ -35,7 +37,14 @@ FUNCTIONS_0002 = {
 FUNCTIONS_0003 = FUNCTIONS_0002 | {"db_now_ms", "id_time_ms", "check_layout", "rebase_fence"}
 FUNCTIONS_0006 = FUNCTIONS_0003 | {"replication_status", "reset_after_restore"}
 FUNCTIONS_0009 = FUNCTIONS_0006 | {"pool_status_row"}
-FUNCTIONS = FUNCTIONS_0009 | {"pause_claims", "resume_claims", "claims_in_flight"}
+FUNCTIONS_0010 = FUNCTIONS_0009 | {"pause_claims", "resume_claims", "claims_in_flight"}
+FUNCTIONS = FUNCTIONS_0010 | {
+    "age_bound_id",
+    "claim_blocks_expiring",
+    "leader_heartbeat",
+    "void_aged_blocks",
+    "block_age_status_row",
+}
 ROLES = {"allocator_consumer", "allocator_node", "allocator_operator", "allocator_owner"}
 
 
@@ -325,3 +334,98 @@ def test_0010_expands_only_and_downgrades_to_0009_exactly(empty_db_url: str) -> 
     command.upgrade(config, "0010")
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
         assert claim(conn, "after-upgrade") == [(2, 200, 299)]  # and not paused again
+
+
+def table_grants(url: str, role: str, relations: list[str]) -> dict[str, bool]:
+    with psycopg.connect(url) as conn:
+        return {
+            name: bool(
+                conn.execute(  # type: ignore[index]
+                    "SELECT has_table_privilege(%s, %s, 'SELECT')", (role, name)
+                ).fetchone()[0]
+            )
+            for name in relations
+        }
+
+
+def test_0011_expands_only_grants_each_role_its_part_and_downgrades_to_0010_exactly(
+    empty_db_url: str,
+) -> None:
+    """Expand-only: claim_blocks keeps its signature (replaced in place); nothing else of 0010
+    changes. A pool an older leader left (no heartbeat) is claimed as before. The downgrade
+    restores every 0010 function, comment and grant exactly and drops the new objects."""
+    config = migrate._alembic_config(empty_db_url)
+    command.upgrade(config, "0010")
+    before, columns_before = function_definitions(empty_db_url), pool_status_columns(empty_db_url)
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        take_fence(conn, 7)
+        cut(conn, 7, [(100, 199), (200, 299), (300, 399)])
+    command.upgrade(config, "0011")
+    after = function_definitions(empty_db_url)
+    assert set(before) <= set(after)  # nothing dropped, no signature changed
+    assert {n for n, d in after.items() if before.get(n) != d} == {
+        "allocator.claim_blocks(text,integer)",
+        "allocator.age_bound_id(bigint,boolean)",
+        "allocator.claim_blocks_expiring(text,integer)",
+        "allocator.leader_heartbeat(bigint,bigint,bigint,boolean,bigint)",
+        "allocator.void_aged_blocks(bigint,bigint,bigint,integer)",
+        "allocator.block_age_status_row()",
+    }
+    assert pool_status_columns(empty_db_url) == columns_before
+    assert schema_objects(empty_db_url) == {
+        "tables": TABLES,
+        "views": VIEWS,
+        "functions": FUNCTIONS,
+    }
+    with psycopg.connect(empty_db_url) as conn:
+        for role, function, expected in [
+            ("allocator_consumer", "allocator.claim_blocks_expiring(text, integer)", True),
+            ("allocator_node", "allocator.claim_blocks_expiring(text, integer)", False),
+            (
+                "allocator_node",
+                "allocator.leader_heartbeat(bigint, bigint, bigint, boolean, bigint)",
+                True,
+            ),
+            ("allocator_node", "allocator.void_aged_blocks(bigint, bigint, bigint, integer)", True),
+            (
+                "allocator_consumer",
+                "allocator.void_aged_blocks(bigint, bigint, bigint, integer)",
+                False,
+            ),
+            (
+                "allocator_operator",
+                "allocator.leader_heartbeat(bigint, bigint, bigint, boolean, bigint)",
+                False,
+            ),
+            ("allocator_consumer", "allocator.age_bound_id(bigint, boolean)", False),
+            ("allocator_node", "allocator.age_bound_id(bigint, boolean)", False),
+        ]:
+            (has,) = conn.execute(  # type: ignore[misc]
+                "SELECT has_function_privilege(%s, %s, 'EXECUTE')", (role, function)
+            ).fetchone()
+            assert has is expected, (role, function)
+    status_and_history = ["allocator.block_age_status", "allocator.serving_history"]
+    assert table_grants(empty_db_url, "allocator_consumer", status_and_history) == {
+        "allocator.block_age_status": True,
+        "allocator.serving_history": False,
+    }
+    for role in ("allocator_node", "allocator_operator"):
+        assert set(table_grants(empty_db_url, role, status_and_history).values()) == {True}
+    for role in ("allocator_consumer", "allocator_node", "allocator_operator"):
+        assert table_grants(empty_db_url, role, ["allocator.block_age"]) == {
+            "allocator.block_age": False
+        }
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        assert claim(conn, "older-leader") == [(1, 100, 199)]  # no heartbeat: as before
+        conn.execute("SELECT allocator.leader_heartbeat(0, 7, 300000, true, 8000)")
+    command.downgrade(config, "0010")
+    assert function_definitions(empty_db_url) == before
+    objects = schema_objects(empty_db_url)
+    assert objects == {"tables": TABLES_0010, "views": VIEWS_0010, "functions": FUNCTIONS_0010}
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        assert claim(conn, "after-downgrade") == [(2, 200, 299)]
+    command.upgrade(config, "0011")
+    with psycopg.connect(empty_db_url, autocommit=True) as conn:
+        assert claim(conn, "after-upgrade") == [(3, 300, 399)]  # no heartbeat survived
+        row = conn.execute("SELECT leader_serves FROM allocator.block_age_status").fetchone()
+        assert row == (False,)

@@ -11,7 +11,7 @@ import pytest
 from pydantic import ValidationError
 
 from allocator import config as config_mod
-from allocator.config import KEYS, Config, env_name, load_config, parse_set_pairs
+from allocator.config import KEYS, Config, block_age, env_name, load_config, parse_set_pairs
 from allocator.core.errors import ConfigError, InvalidConfigError, UsageError
 from allocator.core.layout import DEFAULT_EPOCH_MS, Layout
 
@@ -69,6 +69,8 @@ GOOD: dict[str, tuple[str, object]] = {
     "pool.max_clock_ahead_ms": ("2000", 2000),
     "pool.max_clock_skew_ms": ("250", 250),
     "pool.handover_margin_s": ("2.5", 2.5),
+    "pool.max_block_age_s": ("60", 60.0),
+    "pool.serve_aged_blocks_without_leader": ("false", False),
     "leader.db_unreachable_s": ("30", 30.0),
     "leader.clock_skew_handover_s": ("5.5", 5.5),
     "leader.probe_interval_s": ("2", 2.0),
@@ -172,11 +174,16 @@ BAD: list[tuple[str, str]] = [
     ("pool.retention_s", "0"),
     ("pool.handover_margin_s", "-1"),
     ("pool.sample_interval_s", "inf"),
+    ("pool.max_block_age_s", "0"),
+    ("pool.max_block_age_s", "15"),  # not above the runway a handover needs (10 s + 5 s)
+    ("pool.handover_margin_s", "300"),  # the bound (300 s) would not cover a handover
+    ("pool.serve_aged_blocks_without_leader", "maybe"),
 ]
 # Where a bad value breaks a rule between two keys, the error names the dependent key.
 BLAMED = {
     ("postgres.pool_min_size", "5"): "postgres.pool_max_size",
     ("pool.min_blocks", "16"): "pool.low_watermark_blocks",
+    ("pool.handover_margin_s", "300"): "pool.max_block_age_s",
     ("layout.datacenter_bits", "-1"): "layout.datacenter_bits",
 }
 SECRETS_WITHOUT_RULES: set[str] = set()
@@ -562,3 +569,23 @@ def test_insecure_with_auth_and_world_read_without_auth_are_errors() -> None:
     with pytest.raises(InvalidConfigError, match=r"zookeeper\.world_readable: needs"):
         load(overrides={"zookeeper.world_readable": True})
     assert load(overrides={"zookeeper.insecure": True}).zookeeper.insecure is True
+
+
+def test_the_age_bound_must_exceed_two_refill_intervals_and_derives_the_jobs_settings() -> None:
+    tight = {
+        "zookeeper.session_timeout_ms": "400",
+        "pool.handover_margin_s": "0",
+        "pool.refill_interval_s": "0.25",
+    }
+    (line,) = problems(overrides={**tight, "pool.max_block_age_s": "0.45"})
+    assert "pool.max_block_age_s" in line
+    assert "2 x pool.refill_interval_s (0.5 s)" in line
+    config = load(overrides={**tight, "pool.max_block_age_s": "4"})
+    assert block_age.max_block_age_ms(config) == 4000
+    assert block_age.leader_stale_ms(config) == 750  # 3 refill intervals + the margin (0)
+    assert block_age.void_ahead_ms(config) == 500  # 2 refill intervals > 10 % of the bound
+    defaults = load()
+    assert defaults.pool.max_block_age_s == 300
+    assert defaults.pool.serve_aged_blocks_without_leader is True
+    assert block_age.leader_stale_ms(defaults) == 8000  # 3 x 1 s + 5 s
+    assert block_age.void_ahead_ms(defaults) == 30_000  # 10 % of 300 s

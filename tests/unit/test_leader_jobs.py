@@ -52,6 +52,12 @@ class HangingDatabase:
     def prune_claimed(self, *args: Any, **kwargs: Any) -> int:
         return 0
 
+    def leader_heartbeat(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def void_aged_blocks(self, *args: Any, **kwargs: Any) -> int:
+        return 0
+
 
 def term(token: Token) -> Term:
     guard = SessionGuard(10.0)

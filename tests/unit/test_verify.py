@@ -19,6 +19,7 @@ from allocator.core.verify import (
     MAX_PER_RULE,
     Claim,
     LedgerRow,
+    ServingRow,
     TermRow,
     Violation,
     WriteRow,
@@ -363,3 +364,51 @@ def test_a_block_spanning_two_milliseconds_is_caught() -> None:
     assert [v.invariant for v in found] == ["I1"]
     assert "block 8" in found[0].message
     assert "spans more than one" in found[0].message
+
+
+# -- I7: the bound on an ID's age ---------------------------------------------------------------
+
+
+def serving(
+    first_s: float, last_s: float, *, serve_aged: bool = True, stretch_id: int = 1
+) -> ServingRow:
+    """A stretch of term B's heartbeats with a bound of 2 s, stale after 1 s."""
+    return ServingRow(stretch_id, 0, EPOCH_B, 2000, serve_aged, 1000, at(first_s), at(last_s))
+
+
+def handed_out_late(claimed_s: float, consumer: str = "c1") -> list[LedgerRow]:
+    """The clean run, with block 8 (first ID at t=8 s) handed out at ``claimed_s``."""
+    _claims, ledger, _terms = clean_run()
+    ledger[7] = dataclasses.replace(ledger[7], claimed_by=consumer, claimed_at=at(claimed_s))
+    return ledger
+
+
+def age_check(ledger: list[LedgerRow], stretches: list[ServingRow]) -> list[Violation]:
+    claims, _ledger, terms = clean_run()
+    return check(claims, ledger, terms, LAYOUT, serving=stretches, serving_grace_ms=100)
+
+
+def test_an_aged_block_handed_out_while_a_leader_served_is_caught() -> None:
+    found = age_check(handed_out_late(10.5), [serving(5, 20)])  # 2.5 s old, bound 2 s
+    assert kinds(found) == {"I7"}
+    assert "block 8" in found[0].message
+    assert "2500 ms after" in found[0].message
+    assert age_check(handed_out_late(9.5), [serving(5, 20)]) == []  # 1.5 s old: inside
+
+
+def test_the_bound_is_judged_only_where_the_database_held_it() -> None:
+    late = handed_out_late(30)  # 22 s old
+    assert age_check(late, []) == []  # no heartbeat ever: no bound (an older leader)
+    assert age_check(late, [serving(5, 20)]) == []  # stale since 21 s: served as allowed
+    assert age_check(late, [serving(5, 29.2)]) != []  # within leader_stale_ms of the last beat
+    assert age_check(late, [serving(29.95, 40)]) == []  # inside the grace of a stretch's start
+    assert kinds(age_check(late, [serving(5, 20, serve_aged=False)])) == {"I7"}  # held on
+    refused_then_served = [
+        serving(5, 20, serve_aged=False),
+        serving(25, 26, serve_aged=True, stretch_id=2),
+    ]
+    assert age_check(late, refused_then_served) == []  # the next leader's setting serves
+
+
+def test_voided_blocks_are_not_hand_outs() -> None:
+    assert age_check(handed_out_late(30, "allocator:voided-aged"), [serving(5, 40)]) == []

@@ -1,0 +1,111 @@
+"""The leader's side of the bound on an ID's age, on the fake store: the refill's heartbeat and
+the aging job's voids (:mod:`jobs.refill`, :mod:`jobs.aging`).
+
+Rules: no servers. The fake database checks the fence exactly as the real functions do
+(a token that does not hold it is fenced) and counts aged blocks instead of keeping them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from allocator.config import block_age, load_config
+from allocator.core.errors import FencedError
+from allocator.core.health import NodeHealth
+from allocator.core.leadership import SessionGuard, Term
+from allocator.core.records import Replication
+from allocator.fence import Token
+from allocator.metrics import NodeMetrics
+from allocator.node.seams import LeaderHooks
+from jobs import aging, refill
+from jobs.context import LeaderContext
+from tests.fakes.store import FakeDatabase, FakeStore
+
+TOKEN = Token(0, 10)
+CONFIG = load_config(
+    None,
+    {
+        "pool.max_block_age_s": 4,
+        "pool.refill_interval_s": 0.25,
+        "pool.handover_margin_s": 1,
+        "zookeeper.session_timeout_ms": 2000,
+    },
+    env={},
+)
+
+
+class LeaderFakeStore(FakeStore):
+    """What a refill run needs beyond the fake's fence: a requeue and the replication."""
+
+    def requeue_stranded(self, token: Token, commit_if: Any = None) -> int:
+        return 0
+
+    def replication(self) -> Replication:
+        return Replication(0, 0, "", "on", False)
+
+
+def leader(database: FakeDatabase) -> tuple[LeaderContext, list[FencedError], list[int]]:
+    database.take_fence(TOKEN, "n1", "h", 1, "default layout")
+    guard = SessionGuard(10.0)
+    guard("CONNECTED")  # type: ignore[arg-type]
+    term = Term(TOKEN, guard)
+    term.activate()
+    fenced: list[FencedError] = []
+    hooks = LeaderHooks(health=NodeHealth(), on_fenced=fenced.append, on_fatal=lambda exc: None)
+    ctx = LeaderContext(term, LeaderFakeStore(database), CONFIG, NodeMetrics(), hooks)
+    wakes: list[int] = []
+    ctx.wake_refill = lambda: wakes.append(1)
+    return ctx, fenced, wakes
+
+
+def test_every_refill_run_writes_the_fenced_heartbeat_with_the_configured_bound() -> None:
+    database = FakeDatabase()
+    ctx, fenced, _ = leader(database)
+    refill.run(ctx)
+    refill.run(ctx)
+    expected = block_age.bound(CONFIG)
+    assert database.heartbeats == [(TOKEN, expected), (TOKEN, expected)]
+    assert (expected.max_block_age_ms, expected.serve_aged_without_leader) == (4000, True)
+    assert expected.leader_stale_ms == 1750  # 3 x 0.25 s + 1 s
+    assert fenced == []
+
+
+def test_a_refill_whose_leadership_came_into_doubt_writes_no_heartbeat() -> None:
+    database = FakeDatabase()
+    ctx, _, _ = leader(database)
+    ctx.term.pause()
+    refill.run(ctx)
+    assert database.heartbeats == []
+
+
+def test_the_aging_job_voids_in_batches_ahead_of_the_bound_and_wakes_the_refill() -> None:
+    database = FakeDatabase()
+    ctx, fenced, wakes = leader(database)
+    database.aged_blocks = 2 * aging.BATCH_BLOCKS + 7
+    assert aging.run(ctx) == 2 * aging.BATCH_BLOCKS + 7
+    assert database.voids == [(TOKEN, 500)] * 3  # 2 refill intervals > 10 % of 4 s
+    assert wakes == [1]
+    assert aging.run(ctx) == 0
+    assert wakes == [1]  # nothing voided: the refill keeps its pace
+    assert fenced == []
+
+
+def test_a_run_stops_after_its_batch_budget() -> None:
+    database = FakeDatabase()
+    ctx, _, _ = leader(database)
+    database.aged_blocks = (aging.MAX_BATCHES_PER_RUN + 1) * aging.BATCH_BLOCKS
+    assert aging.run(ctx) == aging.MAX_BATCHES_PER_RUN * aging.BATCH_BLOCKS
+    assert database.aged_blocks == aging.BATCH_BLOCKS  # the next run goes on
+
+
+def test_a_leader_that_lost_the_fence_voids_nothing_and_ends_its_term() -> None:
+    database = FakeDatabase()
+    ctx, fenced, wakes = leader(database)
+    database.take_fence(Token(0, 11), "n2", "h", 2, "default layout")
+    database.aged_blocks = 3
+    assert aging.run(ctx) == 0
+    refill.run(ctx)
+    assert database.aged_blocks == 3
+    assert database.heartbeats == []
+    assert len(fenced) == 2
+    assert wakes == []
