@@ -4,11 +4,9 @@ drop a block's IDs at its local deadline, and fall back to ``allocator.claim_blo
 the schema predates it.
 
 STAND-IN: migration 0011 (issue 22) brings the real ``allocator.claim_blocks_expiring``.
-Until it is merged, :func:`install_stand_in` creates a stand-in in the test database only:
-the same signature and columns, ``claim_blocks``' rows with a fixed ``expires_in_ms``. Once
-0011 is merged, replace it with the real function and a bound in force (a
-``leader_heartbeat`` row with a short ``max_block_age_ms``); the helper fails loudly when it
-finds the real function, so that the replacement is not forgotten.
+Until it is merged, the tests that need it create a stand-in in their own database
+(tests/fixtures/stand_in_0011.py: ``claim_blocks``' rows with a fixed ``expires_in_ms``);
+replace it with the real function and a bound in force once 0011 is merged.
 
 Rules: the superuser stocks the pool and installs the stand-in; the clients claim as a
 throwaway role in ``allocator_consumer``; deadlines run on a fake clock the test moves, so
@@ -27,6 +25,7 @@ from psycopg_pool import ConnectionPool
 
 from allocator.client import AsyncIdClient, AsyncPostgresClaimer, IdClient, PostgresClaimer
 from tests.fixtures.pg import consumer_login, cut, take_fence
+from tests.fixtures.stand_in_0011 import install_claim_blocks_expiring
 
 pytestmark = pytest.mark.integration
 
@@ -34,17 +33,6 @@ EPOCH = 7
 FIRST = 1 << 22
 SIZE = 16
 EXPIRES_IN_MS = 300
-
-STAND_IN = f"""
--- STAND-IN for migration 0011's allocator.claim_blocks_expiring (issue 22), test only.
-CREATE FUNCTION allocator.claim_blocks_expiring(consumer text, n integer DEFAULT 1)
-RETURNS TABLE (block_id bigint, first_id bigint, last_id bigint, expires_in_ms bigint)
-LANGUAGE sql AS $$
-    SELECT c.block_id, c.first_id, c.last_id, {EXPIRES_IN_MS}::bigint
-    FROM allocator.claim_blocks(consumer, n) AS c
-$$;
-GRANT EXECUTE ON FUNCTION allocator.claim_blocks_expiring(text, integer) TO allocator_consumer;
-"""
 
 
 class FakeClock:
@@ -56,16 +44,7 @@ class FakeClock:
 
 
 def install_stand_in(url: str) -> None:
-    with psycopg.connect(url, autocommit=True) as admin:
-        found = admin.execute(
-            "SELECT to_regprocedure('allocator.claim_blocks_expiring(text, integer)')"
-        ).fetchone()
-        if found is not None and found[0] is not None:
-            pytest.fail(
-                "the schema has allocator.claim_blocks_expiring (migration 0011): replace this "
-                "stand-in with the real function and a bound in force"
-            )
-        admin.execute(STAND_IN)
+    install_claim_blocks_expiring(url, EXPIRES_IN_MS)
 
 
 def stock(url: str, count: int) -> None:
