@@ -11,8 +11,9 @@ Modules: :mod:`~allocator.client.base` (errors, blocks, protocols, helpers),
 
 Rules:
 
-- Every ID comes from a block claimed with ``allocator.claim_blocks`` (docs/sql.md), which
-  is durable on return (I4). Nothing here cuts or invents IDs.
+- Every ID comes from a block claimed with ``allocator.claim_blocks_expiring`` or, on a
+  schema before migration 0011, ``allocator.claim_blocks`` (docs/sql.md); either is durable
+  on return (I4). Nothing here cuts or invents IDs.
 - Double buffer, like Leaf's segments: a *segment* is the blocks one claim returned (up to
   ``batch_blocks``). IDs are handed out from the current segment, block by block, ascending
   within each block. When ``refill_at`` (a fraction, by ID count) of the current segment is
@@ -31,9 +32,27 @@ Rules:
   ``batch_blocks`` the client doubles its claims, up to that bound, whenever a caller had
   to wait for a late prefetch (Leaf's dynamic step, growing only); it never shrinks them,
   so at most about two segments are lost at close.
-- Hot path: ``next_id()`` is a lock acquire, an integer increment, two comparisons and a
-  release; it allocates nothing but the returned int. Switching blocks or segments, asking
-  for a refill, waiting and failing all happen on the slow path.
+- Hot path: ``next_id()`` is a lock acquire, an integer increment, three comparisons and a
+  release, plus one monotonic clock read while the current block has a deadline (see Age
+  bound); it allocates nothing but the returned int (and the clock's float). Switching
+  blocks or segments, asking for a refill, dropping expired IDs, waiting and failing all
+  happen on the slow path.
+- Age bound: while the database enforces ``pool.max_block_age_s`` (docs/claiming-ids.md),
+  each claimed block comes with ``expires_in_ms``: how long until its first ID passes the
+  bound. The client gives each block a local deadline, its claim's start on the client's
+  monotonic clock (when the query was sent, the conservative end) plus ``expires_in_ms``,
+  and never hands out an ID of a block at or past it: before handing out, the slow path
+  drops the rest of such blocks (the current one, the segment's others, the prefetched
+  segment, and what a waiting ``take`` had gathered), then claims afresh. Dropped IDs are
+  lost like unused ones: never reused, counted (``get_stats()``: ``ids_expired``,
+  ``blocks_expired``; ``UnusedIds.expired`` at close) and logged with their ranges
+  (``client_ids_expired``). The prefetch also runs by time: once ``refill_at`` of a
+  segment's life (its claim's start to its first deadline) is left, the next segment is
+  claimed, so a slow consumer moves to fresh blocks without waiting. A block without
+  ``expires_in_ms`` (no bound in force, an older schema, a custom claimer) never expires.
+  The claimers ask for ``claim_blocks_expiring`` once per own connection (for a pool, once)
+  and fall back to ``claim_blocks`` on SQLSTATE 42883, so a new client works against an
+  older schema.
 - Order: IDs of one block ascend; blocks are used in the order they were claimed (the
   database hands out the oldest first), so one client's IDs normally increase, but nothing
   promises it (a block requeued after someone's rolled-back claim is older). Uniqueness is
@@ -60,7 +79,8 @@ Rules:
   connection failures and timeouts → :class:`~allocator.core.errors.DatabaseUnavailableError`
   (retryable), anything else → :class:`~allocator.core.errors.DatabaseError`.
 - Unused IDs are lost: ``close()`` stops the claimer and reports the IDs claimed but not
-  handed out (:class:`UnusedIds`: count and ranges). They stay recorded as claimed by this
+  handed out (:class:`UnusedIds`: count and ranges; ``expired``: how many were dropped
+  earlier at their deadline). They stay recorded as claimed by this
   consumer and are never handed to anyone again, this client included. The same holds for
   a claim whose answer never arrived (connection lost after commit), for a claim still
   running when ``close()`` stopped waiting for it (``complete=False``; what it returns is

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -32,10 +33,12 @@ from allocator.client.base import (
 )
 from allocator.client.buffer import (
     Buffer,
+    Span,
     as_allocator_error,
     log_claim_failed,
     log_lost,
     log_unused,
+    ranges_of,
     validated_settings,
 )
 from allocator.client.claimers import AsyncPostgresClaimer
@@ -61,6 +64,7 @@ class AsyncIdClient(Buffer):
         backoff_initial_s: float = DEFAULT_BACKOFF_INITIAL_S,
         backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
         close_timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(
             validated_settings(
@@ -72,6 +76,7 @@ class AsyncIdClient(Buffer):
                 backoff_initial_s=backoff_initial_s,
                 backoff_max_s=backoff_max_s,
                 close_timeout_s=close_timeout_s,
+                clock=clock,
             )
         )
         self._owns_claimer = isinstance(conninfo_or_pool, str | AsyncConnectionPool)
@@ -92,22 +97,22 @@ class AsyncIdClient(Buffer):
     async def next_id(self) -> int:
         """One ID (see :meth:`IdClient.next_id`)."""
         n = self._next
-        if n <= self._last:
+        if n <= self._last and (not self._dated or self._now() < self._check_at):
             self._next = n + 1
             if n == self._trigger:
                 self._refill_due()
             return n
-        ranges: list[Range] = []
-        await self._take_waiting(1, ranges)
-        return ranges[0][0]
+        spans: list[Span] = []
+        await self._take_waiting(1, spans)
+        return spans[0][0]
 
     async def take_ranges(self, n: int) -> list[Range]:
         """``n`` IDs as inclusive ranges (see :meth:`IdClient.take_ranges`)."""
         if n < 1:
             raise ValueError(f"n must be >= 1 (got {n})")
-        ranges: list[Range] = []
-        await self._take_waiting(n, ranges)
-        return ranges
+        spans: list[Span] = []
+        await self._take_waiting(n, spans)
+        return ranges_of(spans)
 
     async def take(self, n: int) -> list[int]:
         """``n`` IDs as a list."""
@@ -116,16 +121,16 @@ class AsyncIdClient(Buffer):
             ids.extend(range(first, last + 1))
         return ids
 
-    async def _take_waiting(self, need: int, ranges: list[Range]) -> None:
+    async def _take_waiting(self, need: int, spans: list[Span]) -> None:
         deadline: float | None = None
         while True:
-            need = self._take(need, ranges)
+            need = self._take(need, spans)
             if need == 0:
                 return
             try:
                 self._check_usable()
             except AllocatorError:
-                self._give_back(ranges)
+                self._give_back(spans)
                 raise
             self._start_task()
             self._claim_needed.set()
@@ -134,7 +139,7 @@ class AsyncIdClient(Buffer):
                 deadline = now + self._settings.wait_timeout_s
                 self._note_wait()
             elif now >= deadline:
-                self._give_back(ranges)
+                self._give_back(spans)
                 raise self._timeout_error()
             await self._wait_changed(deadline - now)
 
@@ -234,7 +239,7 @@ class AsyncIdClient(Buffer):
             self._claim_in_flight = True
             error: AllocatorError | None = None
             blocks: list[Block] = []
-            started_ns = time.perf_counter_ns()
+            started_ns, started_at = time.perf_counter_ns(), self._now()
             try:
                 blocks = await self._claimer.claim(self._consumer, self._batch_blocks)
             except Exception as exc:
@@ -244,7 +249,7 @@ class AsyncIdClient(Buffer):
                 self._timed(started_ns)
             if error is None:
                 try:
-                    lost = self._accept(blocks)
+                    lost = self._accept(blocks, started_at)
                 except AllocatorError as exc:
                     error = exc
                 else:

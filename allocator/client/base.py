@@ -41,9 +41,21 @@ APPLICATION_NAME = "allocator-client"
 CLAIM_BLOCKS: Final = (
     "SELECT block_id, first_id, last_id FROM allocator.claim_blocks(%(consumer)s, %(n)s)"
 )
+CLAIM_BLOCKS_EXPIRING: Final = (
+    "SELECT block_id, first_id, last_id, expires_in_ms"
+    " FROM allocator.claim_blocks_expiring(%(consumer)s, %(n)s)"
+)
+""":data:`CLAIM_BLOCKS` plus each block's ``expires_in_ms`` (migration 0011; a database
+without it answers SQLSTATE 42883, undefined_function, and the claimers fall back)."""
 SET_STATEMENT_TIMEOUT: Final = "SELECT set_config('statement_timeout', %(ms)s, false)"
 CLAIM_BLOCKS_PQ: Final = b"SELECT block_id, first_id, last_id FROM allocator.claim_blocks($1, $2)"
 """:data:`CLAIM_BLOCKS` for libpq's own placeholders (:meth:`PostgresClaimer.begin`)."""
+CLAIM_BLOCKS_EXPIRING_PQ: Final = (
+    b"SELECT block_id, first_id, last_id, expires_in_ms"
+    b" FROM allocator.claim_blocks_expiring($1, $2)"
+)
+""":data:`CLAIM_BLOCKS_EXPIRING` for libpq's own placeholders."""
+UNDEFINED_FUNCTION_SQLSTATE: Final = "42883"
 TEXT_OID: Final = 25
 INT4_OID: Final = 23
 
@@ -88,23 +100,33 @@ class ClientClosedError(AllocatorError):
 
 
 class Block(NamedTuple):
-    """One claimed block: every ID in ``[first_id, last_id]`` belongs to the claimer."""
+    """One claimed block: every ID in ``[first_id, last_id]`` belongs to the claimer.
+
+    ``expires_in_ms``: how long after the claim (database clock) the block's first ID passes
+    the age bound (``pool.max_block_age_s``); None when no bound is in force or the database
+    predates ``claim_blocks_expiring``. The clients stop handing out a block's IDs at a local
+    deadline: the claim's start plus this."""
 
     block_id: int
     first_id: int
     last_id: int
+    expires_in_ms: int | None = None
 
     @property
     def size(self) -> int:
         return self.last_id - self.first_id + 1
 
     def to_json(self) -> dict[str, int]:
-        return {
+        """The block as JSON; ``expires_in_ms`` only when a bound is in force."""
+        document = {
             "block_id": self.block_id,
             "first_id": self.first_id,
             "last_id": self.last_id,
             "size": self.size,
         }
+        if self.expires_in_ms is not None:
+            document["expires_in_ms"] = self.expires_in_ms
+        return document
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,12 +140,17 @@ class UnusedIds:
     adjacent ranges merged."""
     complete: bool = True
     """False when a claim was still running at close: what it returns is lost too (logged)."""
+    expired: int = 0
+    """IDs dropped earlier, over the client's life, because their block passed its age
+    deadline (not in ``count`` or ``ranges``; each drop was logged with its ranges as
+    ``client_ids_expired``). Lost the same way."""
 
     def to_json(self) -> dict[str, Any]:
         return {
             "count": self.count,
             "ranges": [list(r) for r in self.ranges],
             "complete": self.complete,
+            "expired": self.expired,
         }
 
 

@@ -13,6 +13,7 @@ import os
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from allocator.client.base import (
@@ -34,6 +35,13 @@ from allocator.core.errors import AllocatorError, DatabaseError, DatabaseUnavail
 
 log = logs.get_logger(__name__)
 
+NO_DEADLINE = math.inf
+Span = tuple[int, int, float]
+"""A buffered range of one block: ``(first, last, deadline)``, the deadline in the client's
+clock (monotonic seconds), after which none of its IDs is handed out; ``NO_DEADLINE`` when
+the block came without ``expires_in_ms``."""
+Clock = Callable[[], float]
+
 
 @dataclass(frozen=True, slots=True)
 class Settings:
@@ -45,6 +53,8 @@ class Settings:
     backoff_initial_s: float
     backoff_max_s: float
     close_timeout_s: float
+    clock: Clock = time.monotonic
+    """Monotonic seconds: the deadlines' clock (tests pass a fake one)."""
 
 
 def validated_settings(
@@ -57,6 +67,7 @@ def validated_settings(
     backoff_initial_s: float,
     backoff_max_s: float,
     close_timeout_s: float,
+    clock: Clock = time.monotonic,
 ) -> Settings:
     """Every client setting validated in one place (ValueError, or ClaimArgumentError for a
     consumer name the database would refuse)."""
@@ -90,26 +101,62 @@ def validated_settings(
         backoff_initial_s,
         backoff_max_s,
         close_timeout_s,
+        clock,
     )
+
+
+def spans_of(blocks: list[Block], started_at: float) -> list[Span]:
+    """A claim's blocks as spans, oldest first, each with its deadline: the claim's start
+    (``started_at``, before the query was sent: the conservative end) plus ``expires_in_ms``."""
+    return [
+        (
+            b.first_id,
+            b.last_id,
+            NO_DEADLINE if b.expires_in_ms is None else started_at + b.expires_in_ms / 1000,
+        )
+        for b in sorted(blocks, key=lambda b: b.first_id)
+    ]
+
+
+def ranges_of(spans: list[Span]) -> list[Range]:
+    return [(first, last) for first, last, _ in spans]
+
+
+def count_of(spans: list[Span] | deque[Span]) -> int:
+    return sum(last - first + 1 for first, last, _ in spans)
 
 
 class Buffer:
     """State and slow-path logic shared by both clients; no locking here (the sync client
     holds its lock around every method, the async one runs on one event loop).
 
-    The current block is ``[_next, _last]`` (empty when ``_next > _last``); ``_rest`` holds
-    the current segment's other blocks; ``_prefetched`` the next segment; ``_trigger`` the ID
-    whose hand-out asks for a refill (``NO_ID`` when none is pending).
+    The current block is ``[_next, _last]`` (empty when ``_next > _last``), handed out until
+    its ``_deadline``; ``_rest`` holds the current segment's other blocks; ``_prefetched`` the
+    next segment; ``_trigger`` the ID whose hand-out asks for a refill (``NO_ID`` when none is
+    pending) and ``_refill_by`` the time that does (``NO_DEADLINE`` when none is pending).
+    ``_check_at`` is the earliest time the slow path has something to do (the current
+    block's deadline, ``_refill_by``, the prefetched segment's first deadline): the hot path
+    hands out from memory only before it.
     """
 
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
         self._consumer = settings.consumer
+        self._now = settings.clock
         self._next = 1
         self._last = 0
+        self._deadline = NO_DEADLINE
         self._trigger = NO_ID
-        self._rest: deque[Range] = deque()
-        self._prefetched: list[Range] | None = None
+        self._refill_by = NO_DEADLINE
+        self._check_at = NO_DEADLINE
+        self._dated = False
+        """Whether ``_check_at`` is a time: only then does the hot path read the clock."""
+        self._rest: deque[Span] = deque()
+        self._rest_expires = NO_DEADLINE
+        """No span in ``_rest`` has an earlier deadline (it may be stale-early, never late)."""
+        self._prefetched: list[Span] | None = None
+        self._prefetched_refill_by = NO_DEADLINE
+        self._prefetched_expires = NO_DEADLINE
         self._refill_wanted = False
         self._claim_in_flight = False
         self._batch_blocks = settings.batch_blocks
@@ -127,6 +174,8 @@ class Buffer:
             "claims_paused_answers": 0,
             "blocks_claimed": 0,
             "ids_claimed": 0,
+            "blocks_expired": 0,
+            "ids_expired": 0,
             "waits": 0,
             "wait_timeouts": 0,
             "last_claim_us": 0,
@@ -137,44 +186,115 @@ class Buffer:
     # All of these run with the client's lock held (or on its event loop).
 
     def _advance(self) -> bool:
-        """Make the next block current; False (and a refill wanted) when none is buffered."""
-        if self._rest:
-            self._next, self._last = self._rest.popleft()
-            return True
-        segment = self._prefetched
-        if segment:
-            self._prefetched = None
-            self._install(segment)
-            return True
-        self._refill_wanted = True
-        return False
+        """Make the next block current, dropping those past their deadline; False (and a
+        refill wanted) when none is buffered."""
+        now = self._now()
+        while True:
+            if self._rest:
+                span = self._rest.popleft()
+            elif self._prefetched:
+                self._install(self._prefetched)
+                span = self._rest.popleft()
+            else:
+                self._set_current(1, 0, NO_DEADLINE)
+                self._refill_wanted = True
+                return False
+            if span[2] > now:
+                self._set_current(*span)
+                return True
+            self._drop_expired([span])
 
-    def _install(self, segment: list[Range]) -> None:
-        total = sum(last - first + 1 for first, last in segment)
+    def _set_current(self, first: int, last: int, deadline: float) -> None:
+        self._next, self._last, self._deadline = first, last, deadline
+        self._recheck()
+
+    def _recheck(self) -> None:
+        self._check_at = min(self._deadline, self._refill_by, self._prefetched_expires)
+        self._dated = self._check_at != NO_DEADLINE
+
+    def _install(self, segment: list[Span]) -> None:
+        """Make the prefetched ``segment`` the current one (its first block is popped by the
+        caller) and arm its refill triggers: by IDs and by time."""
+        self._prefetched = None
+        self._prefetched_expires = NO_DEADLINE
+        total = count_of(segment)
         offset = min(total - 1, math.floor(total * (1.0 - self._settings.refill_at)))
         self._trigger = NO_ID
+        self._refill_by = self._prefetched_refill_by
         self._rest = deque(segment)
-        self._next, self._last = self._rest.popleft()
+        self._rest_expires = min(span[2] for span in segment)
+        self._recheck()
         if offset <= 0:  # refill_at = 1: ask for the next segment as this one starts
             self._refill_due()
             return
-        for first, last in segment:
+        for first, last, _ in segment:
             if offset <= last - first:
                 self._trigger = first + offset
                 return
             offset -= last - first + 1
 
-    def _refill_due(self) -> None:
-        """The trigger ID went out: the claimer should fetch the next segment now."""
+    def _disarm_refill(self) -> None:
         self._trigger = NO_ID
+        self._refill_by = NO_DEADLINE
+        self._recheck()
+
+    def _refill_due(self) -> None:
+        """The trigger ID went out, or the trigger time came: the claimer should fetch the
+        next segment now."""
+        self._disarm_refill()
         self._refill_wanted = True
         self._wake_claimer()
+
+    def _expire(self, spans: list[Span]) -> int:
+        """The slow path's time step (before handing anything out): drop what passed its
+        deadline (the current block's rest, buffered blocks, ``spans`` a waiting ``take``
+        gathered), ask for a refill when the time trigger came or a block was dropped;
+        returns how many IDs were dropped from ``spans``."""
+        now = self._now()
+        dropped: list[Span] = []
+        if self._next <= self._last and self._deadline <= now:
+            dropped.append((self._next, self._last, self._deadline))
+            self._set_current(1, 0, NO_DEADLINE)
+        if self._rest_expires <= now:
+            dropped.extend(span for span in self._rest if span[2] <= now)
+            self._rest = deque(span for span in self._rest if span[2] > now)
+            self._rest_expires = min((span[2] for span in self._rest), default=NO_DEADLINE)
+        gathered = [span for span in spans if span[2] <= now]
+        if gathered:
+            spans[:] = [span for span in spans if span[2] > now]
+        prefetched = self._prefetched
+        if prefetched and self._prefetched_expires <= now:
+            dropped.extend(span for span in prefetched if span[2] <= now)
+            kept = [span for span in prefetched if span[2] > now]
+            self._prefetched = kept or None
+            self._prefetched_expires = min((span[2] for span in kept), default=NO_DEADLINE)
+        self._drop_expired(dropped + gathered)
+        if (dropped and self._prefetched is None) or self._refill_by <= now:
+            self._refill_due()  # nothing buffered to replace what was dropped, or time is up
+        self._recheck()
+        return count_of(gathered)
+
+    def _drop_expired(self, spans: list[Span]) -> None:
+        """Count and log IDs never to be handed out: their block passed its deadline."""
+        if not spans:
+            return
+        ids = count_of(spans)
+        self._stats["blocks_expired"] += len(spans)
+        self._stats["ids_expired"] += ids
+        log.info(
+            "client_ids_expired",
+            consumer=self._consumer,
+            ids=ids,
+            ranges=",".join(f"{first}-{last}" for first, last in merge_ranges(ranges_of(spans))),
+        )
 
     def _wake_claimer(self) -> None:
         raise NotImplementedError
 
-    def _take(self, need: int, ranges: list[Range]) -> int:
-        """Move up to ``need`` IDs into ``ranges``; returns how many are still missing."""
+    def _take(self, need: int, spans: list[Span]) -> int:
+        """Move up to ``need`` IDs into ``spans``, first dropping whatever passed its deadline
+        (``spans`` gathered before a wait included); returns how many are still missing."""
+        need += self._expire(spans)
         while need:
             available = self._last - self._next + 1
             if available <= 0:
@@ -187,16 +307,17 @@ class Buffer:
             self._next = last + 1
             if first <= self._trigger <= last:
                 self._refill_due()
-            ranges.append((first, last))
+            spans.append((first, last, self._deadline))
             need -= count
         return need
 
-    def _give_back(self, ranges: list[Range]) -> None:
-        """Return a failed ``take``'s ranges; used before anything else. The current block
+    def _give_back(self, spans: list[Span]) -> None:
+        """Return a failed ``take``'s spans; used before anything else. The current block
         is exhausted and nothing is buffered, or the take would not have had to wait."""
-        if ranges and self._closed_error is None:
-            self._rest.extendleft(reversed(ranges))
-            ranges.clear()
+        if spans and self._closed_error is None:
+            self._rest.extendleft(reversed(spans))
+            self._rest_expires = min(self._rest_expires, *(span[2] for span in spans))
+            spans.clear()
 
     def _note_wait(self) -> None:
         """A caller found nothing buffered. After the first claim that means the prefetch
@@ -223,24 +344,34 @@ class Buffer:
             and self._fatal is None
         )
 
-    def _accept(self, blocks: list[Block]) -> list[Range]:
-        """Buffer a claimed segment (also while closing: the report will include it);
-        returns it instead when the client's report is already out (the IDs are lost)."""
-        segment = [(b.first_id, b.last_id) for b in sorted(blocks, key=lambda b: b.first_id)]
+    def _accept(self, blocks: list[Block], started_at: float) -> list[Range]:
+        """Buffer a claimed segment (also while closing: the report will include it), each
+        block with its deadline from ``started_at`` (the client's clock when the claim was
+        sent); returns it instead when the client's report is already out (the IDs are
+        lost)."""
+        segment = spans_of(blocks, started_at)
         if not segment:  # claim_blocks raises AL003 instead; a custom claimer might not
             raise PoolEmptyError("claim ID blocks: the claim returned no block")
-        if any(first > last for first, last in segment):
+        if any(first > last for first, last, _ in segment):
             raise DatabaseError("claim ID blocks: the database returned a block with last < first")
         self._stats["claims"] += 1
         self._failures_in_a_row = 0
         self._stats["blocks_claimed"] += len(segment)
-        self._stats["ids_claimed"] += sum(last - first + 1 for first, last in segment)
+        self._stats["ids_claimed"] += count_of(segment)
         self._last_error = None
         if self._closed_error is not None:  # the report is out: nobody will use these
-            return segment
-        if segment:
-            self._prefetched = segment
-            self._refill_wanted = False
+            return ranges_of(segment)
+        expires = min(span[2] for span in segment)
+        self._prefetched = segment
+        self._prefetched_expires = expires
+        # Refill by time as by IDs: once ``refill_at`` of the segment's life is left.
+        self._prefetched_refill_by = (
+            NO_DEADLINE
+            if expires == NO_DEADLINE
+            else expires - self._settings.refill_at * (expires - started_at)
+        )
+        self._refill_wanted = False
+        self._recheck()
         return []
 
     def _retry_delay(self) -> float:
@@ -302,27 +433,34 @@ class Buffer:
         error.__cause__ = last
         return error
 
+    def _clear(self) -> list[Span]:
+        """Empty the buffer; returns what it held."""
+        spans: list[Span] = []
+        if self._next <= self._last:
+            spans.append((self._next, self._last, self._deadline))
+        spans.extend(self._rest)
+        spans.extend(self._prefetched or [])
+        self._rest = deque()
+        self._rest_expires = NO_DEADLINE
+        self._prefetched = None
+        self._prefetched_expires = NO_DEADLINE
+        self._set_current(1, 0, NO_DEADLINE)
+        self._disarm_refill()
+        return spans
+
     def _close_buffers(self) -> UnusedIds:
         """Take every unused range out of the client (no ID can be handed out after this)."""
-        ranges: list[Range] = []
-        if self._next <= self._last:
-            ranges.append((self._next, self._last))
-        ranges.extend(self._rest)
-        ranges.extend(self._prefetched or [])
-        self._next, self._last, self._trigger = 1, 0, NO_ID
-        self._rest.clear()
-        self._prefetched = None
+        spans = self._clear()
         return UnusedIds(
-            count=sum(last - first + 1 for first, last in ranges),
-            ranges=merge_ranges(ranges),
+            count=count_of(spans),
+            ranges=merge_ranges(ranges_of(spans)),
             complete=not self._claim_in_flight,
+            expired=self._stats["ids_expired"],
         )
 
     def _available(self) -> int:
         current = max(0, self._last - self._next + 1)
-        rest = sum(last - first + 1 for first, last in self._rest)
-        ahead = sum(last - first + 1 for first, last in self._prefetched or [])
-        return current + rest + ahead
+        return current + count_of(self._rest) + count_of(self._prefetched or [])
 
     def _stats_snapshot(self) -> dict[str, int]:
         return {
@@ -334,9 +472,7 @@ class Buffer:
         }
 
     def _after_fork_in_child(self) -> None:
-        self._next, self._last, self._trigger = 1, 0, NO_ID
-        self._rest = deque()
-        self._prefetched = None
+        self._clear()
         self._closed_error = ClientClosedError(
             f"ID client for consumer {self._consumer!r} was inherited across fork(); "
             "create a new client in the child process"

@@ -1,10 +1,15 @@
 """The claimers: :class:`PostgresClaimer` / :class:`AsyncPostgresClaimer` (own connection or a
 psycopg pool), :class:`InMemoryClaimer` for tests, and :func:`claim_once`.
 
-Rules: a claimer only claims (``allocator.claim_blocks``) and translates errors
-(:func:`~allocator.client.base.translate_claim_error`); it never buffers IDs. A claimer that
-owns a connection closes it after any error other than AL001..AL004, so the next claim
-reconnects. One caller at a time (the clients guarantee it).
+Rules: a claimer only claims and translates errors
+(:func:`~allocator.client.base.translate_claim_error`); it never buffers IDs. It claims with
+``allocator.claim_blocks_expiring`` (each block with its ``expires_in_ms``) where the database
+has it and with ``allocator.claim_blocks`` (no expiry) where it does not: the first claim on
+each own connection (for a pool: the claimer's first) tries the new function, and SQLSTATE
+42883 (undefined_function: a schema before migration 0011) makes it fall back at once, for
+that connection's (the pool's) life. Both functions claim alike; a failed lookup claims
+nothing. A claimer that owns a connection closes it after any other error than
+AL001..AL004, so the next claim reconnects. One caller at a time (the clients guarantee it).
 """
 
 from __future__ import annotations
@@ -26,6 +31,8 @@ from psycopg_pool import AsyncConnectionPool, ConnectionPool
 from allocator.client.base import (
     APPLICATION_NAME,
     CLAIM_BLOCKS,
+    CLAIM_BLOCKS_EXPIRING,
+    CLAIM_BLOCKS_EXPIRING_PQ,
     CLAIM_BLOCKS_PQ,
     DEFAULT_CONNECT_TIMEOUT_S,
     DEFAULT_STATEMENT_TIMEOUT_MS,
@@ -34,6 +41,7 @@ from allocator.client.base import (
     MAX_BATCH_BLOCKS,
     SET_STATEMENT_TIMEOUT,
     TEXT_OID,
+    UNDEFINED_FUNCTION_SQLSTATE,
     AsyncClaimer,
     Block,
     ClaimArgumentError,
@@ -42,11 +50,31 @@ from allocator.client.base import (
     check_consumer,
     translate_claim_error,
 )
+from allocator.core import logs
 from allocator.core.errors import DatabaseError, DatabaseUnavailableError
+
+log = logs.get_logger(__name__)
 
 
 def _blocks_of(rows: Sequence[TupleRow]) -> list[Block]:
-    return [Block(int(row[0]), int(row[1]), int(row[2])) for row in rows]
+    return [
+        Block(
+            int(row[0]),
+            int(row[1]),
+            int(row[2]),
+            None if len(row) < 4 or row[3] is None else int(row[3]),
+        )
+        for row in rows
+    ]
+
+
+def _lacks_expiring(exc: psycopg.Error) -> bool:
+    """Whether a ``claim_blocks_expiring`` call failed because the database has no such
+    function (a schema before migration 0011): the claimer falls back to ``claim_blocks``."""
+    if exc.sqlstate != UNDEFINED_FUNCTION_SQLSTATE:
+        return False
+    log.info("client_claims_without_expiry", reason=exc.diag.message_primary or str(exc))
+    return True
 
 
 def _connect_timeout(seconds: float) -> int:
@@ -93,6 +121,9 @@ class PostgresClaimer:
         self._answer_timeout_s = statement_timeout_ms / 1000 + connect_timeout_s
         self._conn: psycopg.Connection[TupleRow] | None = None
         self._sent: SentClaim | None = None
+        self._expiring: bool | None = None
+        """Whether the database has ``claim_blocks_expiring`` (None: not known yet): per own
+        connection (reset on reconnect), or for the claimer's life over a pool."""
 
     def claim(self, consumer: str, n: int) -> list[Block]:
         if self._sent is not None:  # a begun claim nobody finished: abandon it (lost)
@@ -100,19 +131,53 @@ class PostgresClaimer:
         params = {"consumer": consumer, "n": n}
         try:
             if isinstance(self._source, ConnectionPool):
-                with self._source.connection() as conn:
-                    rows = conn.execute(CLAIM_BLOCKS, params).fetchall()
+                rows = self._claim_pooled(self._source, params)
             else:
-                rows = self._connection().execute(CLAIM_BLOCKS, params).fetchall()
+                rows = self._claim_on(self._connection(), params)
         except psycopg.Error as exc:
             if (exc.sqlstate or "") not in KEEP_CONNECTION_SQLSTATES:
                 self.close()  # the connection may be broken: the next claim reconnects
             raise translate_claim_error(exc) from exc
         return _blocks_of(rows)
 
+    def _claim_on(
+        self, conn: psycopg.Connection[TupleRow], params: dict[str, Any]
+    ) -> list[TupleRow]:
+        """Claim over the own connection (autocommit: after a failed lookup it is idle)."""
+        if self._expiring is not False:
+            try:
+                rows = conn.execute(CLAIM_BLOCKS_EXPIRING, params).fetchall()
+            except psycopg.Error as exc:
+                if not _lacks_expiring(exc):
+                    raise
+                self._expiring = False
+            else:
+                self._expiring = True
+                return rows
+        return conn.execute(CLAIM_BLOCKS, params).fetchall()
+
+    def _claim_pooled(self, pool: ConnectionPool[Any], params: dict[str, Any]) -> list[TupleRow]:
+        """Claim over a borrowed connection; a failed lookup may have aborted its
+        transaction, so the fallback borrows again (the pool rolls the first one back)."""
+        if self._expiring is not False:
+            try:
+                with pool.connection() as conn:
+                    rows: list[TupleRow] = conn.execute(CLAIM_BLOCKS_EXPIRING, params).fetchall()
+            except psycopg.Error as exc:
+                if not _lacks_expiring(exc):
+                    raise
+                self._expiring = False
+            else:
+                self._expiring = True
+                return rows
+        with pool.connection() as conn:
+            fallback: list[TupleRow] = conn.execute(CLAIM_BLOCKS, params).fetchall()
+        return fallback
+
     def _connection(self) -> psycopg.Connection[TupleRow]:
         if self._conn is None or self._conn.closed:
             assert isinstance(self._source, str)
+            self._expiring = None  # a new connection asks again (the schema may be newer)
             conn = psycopg.connect(
                 self._source,
                 autocommit=True,
@@ -132,8 +197,10 @@ class PostgresClaimer:
         :class:`NonBlockingClaimer`). libpq writes the few hundred bytes into the socket
         buffer at once; the rare rest is flushed by :meth:`poll`."""
         conn = self._conn
-        if self._sent is not None or conn is None or conn.closed:
-            return False  # also: a pool source, which never opens a connection of its own
+        if self._sent is not None or conn is None or conn.closed or self._expiring is None:
+            # also: a pool source, which never opens a connection of its own; and a
+            # connection that has not yet learnt which claim function the database has
+            return False
         pgconn = conn.pgconn
         if pgconn.transaction_status != TransactionStatus.IDLE:
             return False
@@ -142,7 +209,8 @@ class PostgresClaimer:
         except (UnicodeError, LookupError):
             return False  # claim() reports it
         try:
-            pgconn.send_query_params(CLAIM_BLOCKS_PQ, params, param_types=[TEXT_OID, INT4_OID])
+            statement = CLAIM_BLOCKS_EXPIRING_PQ if self._expiring else CLAIM_BLOCKS_PQ
+            pgconn.send_query_params(statement, params, param_types=[TEXT_OID, INT4_OID])
             flushed = pgconn.flush() == 0
         except psycopg.Error:
             # Broken connection: claim() reconnects. Had the server read the whole claim, its
@@ -226,13 +294,21 @@ class PostgresClaimer:
                 raise translate_claim_error(exc) from exc
         rows = [r for r in sent.results if r.status == ExecStatus.TUPLES_OK]
         blocks: list[Block] = []
-        if len(rows) == 1 and rows[0].nfields == 3:
+        if len(rows) == 1 and rows[0].nfields in (3, 4):
             result = rows[0]
             for row in range(result.ntuples):
                 block_id, first_id, last_id = (result.get_value(row, column) for column in range(3))
                 if block_id is None or first_id is None or last_id is None:
                     break
-                blocks.append(Block(int(block_id), int(first_id), int(last_id)))
+                expires = result.get_value(row, 3) if result.nfields == 4 else None
+                blocks.append(
+                    Block(
+                        int(block_id),
+                        int(first_id),
+                        int(last_id),
+                        None if expires is None else int(expires),
+                    )
+                )
             else:
                 return blocks
         self.close()
@@ -265,26 +341,43 @@ class AsyncPostgresClaimer:
         self._statement_timeout_ms = statement_timeout_ms
         self._application_name = application_name
         self._conn: psycopg.AsyncConnection[TupleRow] | None = None
+        self._expiring: bool | None = None
+        """As :class:`PostgresClaimer`'s."""
 
     async def claim(self, consumer: str, n: int) -> list[Block]:
         params = {"consumer": consumer, "n": n}
         try:
-            if isinstance(self._source, AsyncConnectionPool):
-                async with self._source.connection() as conn:
-                    cursor = await conn.execute(CLAIM_BLOCKS, params)
-                    rows = await cursor.fetchall()
-            else:
-                conn = await self._connection()
-                rows = await (await conn.execute(CLAIM_BLOCKS, params)).fetchall()
+            if self._expiring is not False:
+                try:
+                    rows = await self._execute(CLAIM_BLOCKS_EXPIRING, params)
+                except psycopg.Error as exc:
+                    if not _lacks_expiring(exc):
+                        raise
+                    self._expiring = False
+                else:
+                    self._expiring = True
+                    return _blocks_of(rows)
+            rows = await self._execute(CLAIM_BLOCKS, params)
         except psycopg.Error as exc:
             if (exc.sqlstate or "") not in KEEP_CONNECTION_SQLSTATES:
                 await self.close()
             raise translate_claim_error(exc) from exc
         return _blocks_of(rows)
 
+    async def _execute(self, statement: str, params: dict[str, Any]) -> list[TupleRow]:
+        """One claim statement over a borrowed connection (each its own) or the own one
+        (autocommit: idle again after a failed lookup)."""
+        if isinstance(self._source, AsyncConnectionPool):
+            async with self._source.connection() as pooled:
+                rows: list[TupleRow] = await (await pooled.execute(statement, params)).fetchall()
+            return rows
+        conn = await self._connection()
+        return await (await conn.execute(statement, params)).fetchall()
+
     async def _connection(self) -> psycopg.AsyncConnection[TupleRow]:
         if self._conn is None or self._conn.closed:
             assert isinstance(self._source, str)
+            self._expiring = None  # a new connection asks again (the schema may be newer)
             conn = await psycopg.AsyncConnection.connect(
                 self._source,
                 autocommit=True,
@@ -307,7 +400,9 @@ class AsyncPostgresClaimer:
 
 class InMemoryClaimer:
     """A fake pool for tests (yours and ours): consecutive blocks of ``block_size`` IDs from
-    ``first_id``; after ``blocks`` blocks (None: never) it answers like an empty pool.
+    ``first_id``; after ``blocks`` blocks (None: never) it answers like an empty pool. Each
+    block carries ``expires_in_ms`` (None: no age bound, like a database before migration
+    0011); tests may change the attribute between claims.
     Thread-safe; usable as a :class:`Claimer` and, through :meth:`as_async`, an
     :class:`AsyncClaimer`.
 
@@ -323,6 +418,7 @@ class InMemoryClaimer:
         first_id: int = 1 << 22,
         blocks: int | None = None,
         non_blocking: bool = False,
+        expires_in_ms: int | None = None,
     ) -> None:
         if block_size < 1 or first_id < 0 or (blocks is not None and blocks < 0):
             raise ValueError("block_size must be >= 1, first_id and blocks >= 0")
@@ -331,6 +427,7 @@ class InMemoryClaimer:
         self._next_first = first_id
         self._left = blocks
         self._next_block_id = 1
+        self.expires_in_ms = expires_in_ms
         self.claims: list[tuple[str, int]] = []
         """Every call, as ``(consumer, n)``."""
         self.handed_out: list[Block] = []
@@ -362,7 +459,8 @@ class InMemoryClaimer:
             blocks = []
             for _ in range(count):
                 first = self._next_first
-                blocks.append(Block(self._next_block_id, first, first + self._block_size - 1))
+                last = first + self._block_size - 1
+                blocks.append(Block(self._next_block_id, first, last, self.expires_in_ms))
                 self._next_first += self._block_size
                 self._next_block_id += 1
             self.handed_out.extend(blocks)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
@@ -24,7 +25,6 @@ from allocator.client.base import (
     DEFAULT_REFILL_AT,
     DEFAULT_STATEMENT_TIMEOUT_MS,
     DEFAULT_WAIT_TIMEOUT_S,
-    NO_ID,
     Block,
     Claimer,
     ClientClosedError,
@@ -34,10 +34,12 @@ from allocator.client.base import (
 )
 from allocator.client.buffer import (
     Buffer,
+    Span,
     as_allocator_error,
     log_claim_failed,
     log_lost,
     log_unused,
+    ranges_of,
     validated_settings,
 )
 from allocator.client.claimers import PostgresClaimer
@@ -69,6 +71,9 @@ class IdClient(Buffer):
       finishes a claim out at close (module docstring, Latency).
     - :meth:`close` stops it and returns the :class:`UnusedIds`: claimed, never handed out,
       and lost for good (never reused by anyone).
+    - A block whose claim said ``expires_in_ms`` is handed out only until its deadline (the
+      claim's start plus that, on ``clock``, monotonic seconds; tests pass a fake one); the
+      rest is dropped, counted and never reused (module docstring, Age bound).
     """
 
     def __init__(
@@ -85,6 +90,7 @@ class IdClient(Buffer):
         backoff_initial_s: float = DEFAULT_BACKOFF_INITIAL_S,
         backoff_max_s: float = DEFAULT_BACKOFF_MAX_S,
         close_timeout_s: float = DEFAULT_CLOSE_TIMEOUT_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         super().__init__(
             validated_settings(
@@ -96,6 +102,7 @@ class IdClient(Buffer):
                 backoff_initial_s=backoff_initial_s,
                 backoff_max_s=backoff_max_s,
                 close_timeout_s=close_timeout_s,
+                clock=clock,
             )
         )
         self._owns_claimer = isinstance(conninfo_or_pool, str | ConnectionPool)
@@ -117,6 +124,9 @@ class IdClient(Buffer):
         self._begun_handed_over = False
         """...and the claimer thread owns it now: callers no longer poll it."""
         self._begun_ns = 0
+        self._begun_at = 0.0
+        """The client's clock when the begun claim was sent: its blocks' deadlines count
+        from here."""
         self._retry_error: AllocatorError | None = None
         """A failed begun claim, collected by a caller: the claimer thread backs off, then
         claims again."""
@@ -144,7 +154,7 @@ class IdClient(Buffer):
         lock.acquire()
         try:
             n = self._next
-            if n <= self._last:
+            if n <= self._last and (not self._dated or self._now() < self._check_at):
                 self._next = n + 1
                 if n == self._trigger:
                     self._refill_due()
@@ -154,18 +164,18 @@ class IdClient(Buffer):
         return self._next_slow()
 
     def _next_slow(self) -> int:
-        ranges: list[Range] = []
-        self._take_waiting(1, ranges)
-        return ranges[0][0]
+        spans: list[Span] = []
+        self._take_waiting(1, spans)
+        return spans[0][0]
 
     def take_ranges(self, n: int) -> list[Range]:
         """``n`` IDs as inclusive ``(first, last)`` ranges (one per block touched), all or
         nothing: a call that times out gives back what it had gathered."""
         if n < 1:
             raise ValueError(f"n must be >= 1 (got {n})")
-        ranges: list[Range] = []
-        self._take_waiting(n, ranges)
-        return ranges
+        spans: list[Span] = []
+        self._take_waiting(n, spans)
+        return ranges_of(spans)
 
     def take(self, n: int) -> list[int]:
         """``n`` IDs as a list (see :meth:`take_ranges` for the cheap form)."""
@@ -174,17 +184,17 @@ class IdClient(Buffer):
             ids.extend(range(first, last + 1))
         return ids
 
-    def _take_waiting(self, need: int, ranges: list[Range]) -> None:
+    def _take_waiting(self, need: int, spans: list[Span]) -> None:
         with self._lock:
             deadline: float | None = None
             while True:
-                need = self._take(need, ranges)
+                need = self._take(need, spans)
                 if need == 0:
                     return
                 try:
                     self._check_usable()
                 except AllocatorError:
-                    self._give_back(ranges)
+                    self._give_back(spans)
                     raise
                 self._start_locked()
                 self._claim_needed.notify()
@@ -193,7 +203,7 @@ class IdClient(Buffer):
                     deadline = now + self._settings.wait_timeout_s
                     self._note_wait()
                 elif now >= deadline:
-                    self._give_back(ranges)
+                    self._give_back(spans)
                     raise self._timeout_error()
                 self._changed.wait(deadline - now)
 
@@ -205,7 +215,7 @@ class IdClient(Buffer):
     def _refill_due(self) -> None:
         """The trigger ID went out: send the next claim from this thread without waiting
         when the claimer can, else wake the claimer thread (module docstring, Latency)."""
-        self._trigger = NO_ID
+        self._disarm_refill()
         self._refill_wanted = True
         if not self._begin_claim():
             self._wake_claimer()
@@ -226,6 +236,7 @@ class IdClient(Buffer):
             or self._retry_error is not None
         ):
             return False
+        begun_at = self._now()
         try:
             begun = claimer.begin(self._consumer, self._batch_blocks)
         except Exception as exc:  # begin() must not raise; if it does, the thread claims
@@ -235,6 +246,7 @@ class IdClient(Buffer):
             self._begun = True
             self._claim_in_flight = True
             self._begun_ns = time.perf_counter_ns()
+            self._begun_at = begun_at
             self._stats["claims_begun"] += 1
         return begun
 
@@ -267,7 +279,7 @@ class IdClient(Buffer):
         self._timed(self._begun_ns)
         if blocks is not None:
             try:
-                lost = self._accept(blocks)
+                lost = self._accept(blocks, self._begun_at)
             except AllocatorError as exc:
                 error = exc
             else:
@@ -393,7 +405,10 @@ class IdClient(Buffer):
                     if not self._back_off(error):
                         return
                     continue
-                started_ns = self._begun_ns if job == "finish" else time.perf_counter_ns()
+                if job == "finish":
+                    started_ns, started_at = self._begun_ns, self._begun_at
+                else:
+                    started_ns, started_at = time.perf_counter_ns(), self._now()
             error = None
             blocks: list[Block] = []
             try:
@@ -410,7 +425,7 @@ class IdClient(Buffer):
                 self._begun = self._begun_handed_over = False
                 if error is None:
                     try:
-                        lost = self._accept(blocks)
+                        lost = self._accept(blocks, started_at)
                     except AllocatorError as exc:
                         error = exc
                     else:

@@ -1,4 +1,8 @@
-"""docs/claiming-ids.md: the psql snippet, run as written against a consumer role."""
+"""docs/claiming-ids.md: the psql snippet, run as written against a consumer role.
+
+STAND-IN: the snippet calls ``allocator.claim_blocks_expiring`` (migration 0011, written in
+parallel); until 0011 is merged the test database gets a stand-in of it
+(tests/fixtures/stand_in_0011.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ import psycopg
 import pytest
 
 from tests.fixtures.pg import consumer_login, cut, take_fence
+from tests.fixtures.stand_in_0011 import install_claim_blocks_expiring
 
 pytestmark = pytest.mark.integration
 
@@ -30,6 +35,7 @@ def consumer_url(db_url: str) -> Iterator[str]:
     with psycopg.connect(db_url, autocommit=True) as admin:
         take_fence(admin, 5)
         cut(admin, 5, [(1 << 22, (1 << 22) + 4095)])
+    install_claim_blocks_expiring(db_url, 300_000)
     with consumer_login(db_url, "guide") as url:
         yield url
 
@@ -42,8 +48,9 @@ def test_the_psql_snippet_claims_a_block(consumer_url: str) -> None:
     # psql comes with the project's system dependencies (scripts/install-system-deps.sh)
     result = subprocess.run(["bash", "-c", command], capture_output=True, text=True, check=False)
     assert result.returncode == 0, result.stderr
-    first, last = (int(v) for v in result.stdout.split())
+    first, last, expires_in_ms = (int(v) for v in result.stdout.split())
     assert (first, last) == (1 << 22, (1 << 22) + 4095)
+    assert expires_in_ms == 300_000
 
 
 @pytest.mark.parametrize("language", ["Java (JDBC)", "Go (pgx v5)", "Node (pg)"])
@@ -52,3 +59,15 @@ def test_every_snippet_that_retries_an_empty_pool_retries_paused_claims_too(lang
     section = GUIDE.read_text().split(f"### {language}", 1)[1].split("\n### ", 1)[0]
     assert "AL003" in section
     assert "AL004" in section
+
+
+@pytest.mark.parametrize(
+    "language", ["Python (psycopg 3)", "Java (JDBC)", "Go (pgx v5)", "Node (pg)"]
+)
+def test_every_snippet_keeps_to_the_blocks_deadline(language: str) -> None:
+    """Each snippet claims with claim_blocks_expiring and derives a local deadline from a
+    monotonic clock read before the call (docs/claiming-ids.md, section 4)."""
+    section = GUIDE.read_text().split(f"### {language}", 1)[1].split("\n### ", 1)[0]
+    assert "claim_blocks_expiring" in section
+    assert "expires_in_ms" in section or "expiresInMs" in section
+    assert "deadline" in section
