@@ -3,14 +3,12 @@
 drop a block's IDs at its local deadline, and fall back to ``allocator.claim_blocks`` where
 the schema predates it.
 
-STAND-IN: migration 0011 (issue 22) brings the real ``allocator.claim_blocks_expiring``.
-Until it is merged, the tests that need it create a stand-in in their own database
-(tests/fixtures/stand_in_0011.py: ``claim_blocks``' rows with a fixed ``expires_in_ms``);
-replace it with the real function and a bound in force once 0011 is merged.
-
-Rules: the superuser stocks the pool and installs the stand-in; the clients claim as a
-throwaway role in ``allocator_consumer``; deadlines run on a fake clock the test moves, so
-nothing depends on how fast the machine is.
+Rules: the superuser stocks the pool with blocks of the current millisecond and writes a
+leader's heartbeat with a bound of :data:`BOUND_MS` (migration 0011), so every claim comes
+with an ``expires_in_ms`` of at most the bound; the schema before 0011 is stood for by
+dropping the function. The clients claim as a throwaway role in ``allocator_consumer``;
+deadlines run on a fake clock the test moves by the whole bound, so nothing depends on how
+fast the machine is.
 """
 
 from __future__ import annotations
@@ -24,15 +22,15 @@ import pytest
 from psycopg_pool import ConnectionPool
 
 from allocator.client import AsyncIdClient, AsyncPostgresClaimer, IdClient, PostgresClaimer
+from allocator.core.layout import Layout
 from tests.fixtures.pg import consumer_login, cut, take_fence
-from tests.fixtures.stand_in_0011 import install_claim_blocks_expiring
 
 pytestmark = pytest.mark.integration
 
 EPOCH = 7
-FIRST = 1 << 22
 SIZE = 16
-EXPIRES_IN_MS = 300
+BOUND_MS = 60_000
+LAYOUT = Layout()
 
 
 class FakeClock:
@@ -43,15 +41,29 @@ class FakeClock:
         return self.now
 
 
-def install_stand_in(url: str) -> None:
-    install_claim_blocks_expiring(url, EXPIRES_IN_MS)
+def bound_in_force(url: str) -> None:
+    """A leader's heartbeat (generation 0, :data:`EPOCH`) with the bound :data:`BOUND_MS`."""
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute(
+            "SELECT allocator.leader_heartbeat(0, %s, %s, true, 60000)", (EPOCH, BOUND_MS)
+        )
 
 
-def stock(url: str, count: int) -> None:
-    ranges = [(FIRST + i * SIZE, FIRST + (i + 1) * SIZE - 1) for i in range(count)]
+def without_claim_blocks_expiring(url: str) -> None:
+    """The schema as it was before migration 0011, for the clients: no such function."""
+    with psycopg.connect(url, autocommit=True) as admin:
+        admin.execute("DROP FUNCTION allocator.claim_blocks_expiring(text, integer)")
+
+
+def stock(url: str, count: int) -> int:
+    """``count`` blocks of :data:`SIZE` IDs from the current millisecond; the first ID."""
     with psycopg.connect(url, autocommit=True) as admin:
         take_fence(admin, EPOCH)
-        cut(admin, EPOCH, ranges)
+        row = admin.execute("SELECT allocator.db_now_ms()").fetchone()
+        assert row is not None
+        first = LAYOUT.encode(int(row[0]), 0, 0, 0)
+        cut(admin, EPOCH, [(first + i * SIZE, first + (i + 1) * SIZE - 1) for i in range(count)])
+    return first
 
 
 def claimed(url: str) -> set[int]:
@@ -69,6 +81,7 @@ def app_url(db_url: str) -> Iterator[str]:
 
 
 def test_without_claim_blocks_expiring_the_claimers_fall_back(db_url: str, app_url: str) -> None:
+    without_claim_blocks_expiring(db_url)
     stock(db_url, 4)
     own = PostgresClaimer(app_url)
     with ConnectionPool(app_url, min_size=1, max_size=1, open=True) as pool:
@@ -94,16 +107,16 @@ def test_without_claim_blocks_expiring_the_claimers_fall_back(db_url: str, app_u
 
 
 def test_the_client_drops_a_block_at_its_deadline(db_url: str, app_url: str) -> None:
-    install_stand_in(db_url)
-    stock(db_url, 6)
+    first = stock(db_url, 6)
+    bound_in_force(db_url)
     clock = FakeClock()
     client = IdClient(app_url, "orders", wait_timeout_s=5.0, clock=clock)
     try:
         ids = [client.next_id(), client.next_id()]
-        assert ids == [FIRST, FIRST + 1]
-        clock.now += EXPIRES_IN_MS / 1000  # block 0 reaches its deadline
+        assert ids == [first, first + 1]
+        clock.now += BOUND_MS / 1000  # block 0 reaches its deadline (at most the bound)
         ids.append(client.next_id())
-        assert ids[-1] >= FIRST + SIZE  # from a later block: block 0's rest is dropped
+        assert ids[-1] >= first + SIZE  # from a later block: block 0's rest is dropped
         ids += client.take(SIZE)  # past the next prefetch, over the non-blocking path
     finally:
         report = client.close()
@@ -111,28 +124,28 @@ def test_the_client_drops_a_block_at_its_deadline(db_url: str, app_url: str) -> 
     assert stats["ids_expired"] == report.expired >= SIZE - 2
     assert stats["claims_begun"] >= 1
     unused = {i for first, last in report.ranges for i in range(first, last + 1)}
-    assert not set(range(FIRST + 2, FIRST + SIZE)) & (set(ids) | unused)
+    assert not set(range(first + 2, first + SIZE)) & (set(ids) | unused)
     # Every claimed ID was handed out once, reported unused, or dropped as expired.
     assert len(set(ids)) == len(ids)
     assert len(claimed(db_url)) == len(ids) + report.count + report.expired
 
 
 def test_the_async_client_drops_a_block_at_its_deadline(db_url: str, app_url: str) -> None:
-    install_stand_in(db_url)
-    stock(db_url, 4)
+    first = stock(db_url, 4)
+    bound_in_force(db_url)
     clock = FakeClock()
 
     async def scenario() -> tuple[list[int], int]:
         client = AsyncIdClient(app_url, "orders", clock=clock)
         try:
             ids = [await client.next_id()]
-            clock.now += EXPIRES_IN_MS / 1000
+            clock.now += BOUND_MS / 1000
             ids.append(await client.next_id())
         finally:
             report = await client.aclose()
         return ids, report.expired
 
     ids, expired = asyncio.run(scenario())
-    assert ids[0] == FIRST
-    assert ids[1] >= FIRST + SIZE
+    assert ids[0] == first
+    assert ids[1] >= first + SIZE
     assert expired >= SIZE - 1
