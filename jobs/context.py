@@ -6,6 +6,7 @@ Jobs of one term never overlap: each runs under ``busy`` (so stopping the jobs c
 for the one in flight). A job that meets :class:`FencedError` reports it through
 ``hooks.on_fenced`` and stops; the node ends the term. Every fenced write that commits is
 reported to ``hooks.health`` (the leader hands over when none has for too long).
+``refilling`` is set while a refill runs, so the low-water check does not wake it again.
 """
 
 from __future__ import annotations
@@ -31,3 +32,4 @@ class LeaderContext:
     now_ms: Callable[[], int] = wall_clock_ms
     busy: threading.Lock = field(default_factory=threading.Lock)
     wake_refill: Callable[[], None] = lambda: None
+    refilling: threading.Event = field(default_factory=threading.Event)

@@ -6,11 +6,15 @@ APScheduler counts running instances per id, so a run stuck in an old term (a bl
 database, say) can never make a later term's runs be skipped as "max instances reached".
 ``stop`` removes every job, then waits (bounded) for the run in flight, which itself stops at
 its next ``may_write`` check; writes already past that check roll back through
-``commit_if``. Job errors are logged and counted, never fatal.
+``commit_if``. Job errors are logged and counted, never fatal. The low-water check runs ten
+times a second: while one check waits on a slow database, APScheduler skips the next ones,
+and its warning for each skip is dropped (:class:`QuietSkips`), not repeated ten times a
+second; the other jobs' skips are still logged.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
@@ -26,6 +30,7 @@ from allocator.metrics import NodeMetrics
 from allocator.node.seams import LeaderHooks, LeaderStore
 from jobs import aging, refill, retention, sampling
 from jobs.context import LeaderContext
+from jobs.low_water import LowWaterCheck
 
 log = logs.get_logger(__name__)
 
@@ -33,7 +38,20 @@ REFILL_JOB = "refill"
 RETENTION_JOB = "retention"
 SAMPLING_JOB = "sampling"
 AGING_JOB = "aging"
+LOW_WATER_JOB = "lowwater"
 RETENTION_INTERVAL_S = 60.0
+
+
+class QuietSkips(logging.Filter):
+    """Drops APScheduler's "skipped: maximum number of running instances" for the check."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("maximum number of running instances" in message and "LowWaterCheck" in message)
+
+
+_QUIET_SKIPS = QuietSkips()
+logging.getLogger("apscheduler.scheduler").addFilter(_QUIET_SKIPS)
 
 
 class LeaderJobs:
@@ -70,13 +88,20 @@ class LeaderJobs:
         self._ctx = ctx
         ctx.wake_refill = self.wake_refill
         suffix = f"-{term.token.generation}-{term.token.epoch}"
-        refill_id, sampling_id, retention_id, aging_id = (
+        refill_id, sampling_id, retention_id, aging_id, low_water_id = (
             REFILL_JOB + suffix,
             SAMPLING_JOB + suffix,
             RETENTION_JOB + suffix,
             AGING_JOB + suffix,
+            LOW_WATER_JOB + suffix,
         )
-        self._job_ids = (refill_id, sampling_id, retention_id, aging_id)  # refill first
+        self._job_ids = (  # refill first
+            refill_id,
+            sampling_id,
+            retention_id,
+            aging_id,
+            low_water_id,
+        )
         pool = ctx.config.pool
         common: dict[str, Any] = {"max_instances": 1, "coalesce": True, "replace_existing": True}
         now = datetime.now(UTC)
@@ -112,6 +137,13 @@ class LeaderJobs:
             args=[ctx],
             id=retention_id,
             seconds=min(RETENTION_INTERVAL_S, pool.retention_s),
+            **common,
+        )
+        self._scheduler.add_job(
+            LowWaterCheck(ctx).run,
+            "interval",
+            id=low_water_id,
+            seconds=pool.low_watermark_check_s,
             **common,
         )
 

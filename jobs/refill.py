@@ -3,8 +3,8 @@
 Rules:
 - Target = max(``pool.min_blocks``, claim rate x the longer of ``pool.runway_s`` and the
   runway a handover needs), capped at ``pool.max_blocks`` (:mod:`allocator.config.runway`). Runs
-  every ``pool.refill_interval_s`` and early when the sampler sees the pool below
-  ``pool.low_watermark_blocks``.
+  every ``pool.refill_interval_s`` and at once when the low-water check (:mod:`jobs.low_water`)
+  sees the pool below ``pool.low_watermark_blocks``; ``ctx.refilling`` is set meanwhile.
 - Blocks come from :func:`allocator.core.cutter.plan_blocks` (strictly after the mark, never ahead
   of the clock) and are written in batches, one statement each (``cut_blocks`` takes
   arrays); a run is bounded in time so leadership checks and other jobs are never starved.
@@ -69,6 +69,7 @@ def run(ctx: LeaderContext) -> int:
     with ctx.busy:
         if not ctx.term.may_write():
             return 0
+        ctx.refilling.set()
         try:
             return _refill(ctx)
         except FencedError as exc:
@@ -85,6 +86,8 @@ def run(ctx: LeaderContext) -> int:
             ctx.hooks.on_fatal(exc)
         except (DatabaseUnavailableError, BehindHighWaterError) as exc:
             log.warning("refill_failed", epoch=ctx.term.epoch, error=str(exc))
+        finally:
+            ctx.refilling.clear()
         return 0
 
 

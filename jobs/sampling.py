@@ -1,6 +1,6 @@
-"""Pool sampling: record the ticket positions for the claim rate, hand the reading to the
-node (its pool gauges and readiness), and wake the refill job early when the pool falls
-below its low watermark.
+"""Pool sampling: record the ticket positions for the claim rate and hand the reading to the
+node (its pool gauges and readiness). Waking the refill when the pool runs low is the
+low-water check's job (:mod:`jobs.low_water`), which reads the pool far more often.
 
 Rules: the sample is not a block write (it fences nothing), but only the leader samples so
 the rate is not counted twice; it never waits on ``busy`` (refill may hold it).
@@ -25,6 +25,3 @@ def run(ctx: LeaderContext) -> None:
         log.warning("sampling_failed", error=str(exc))
         return
     ctx.hooks.pool_read(status)
-    if status.available_blocks < ctx.config.pool.low_watermark_blocks:
-        log.info("pool_low", available_blocks=status.available_blocks)
-        ctx.wake_refill()

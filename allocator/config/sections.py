@@ -11,11 +11,11 @@ import re
 import socket
 from datetime import datetime, timedelta
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from allocator.config.values import (
     NUMBER,
@@ -263,16 +263,31 @@ class NodeConfig(Section):
 class PoolConfig(Section):
     """``[pool]``: how many blocks the leader keeps cut ahead, and the jobs around them."""
 
-    min_blocks: Int = Field(default=16_384, ge=1)
-    """The floor the leader keeps whatever the claim rate: what a cold pool offers a burst
-    before any rate is measured (16 connections at ~3k claims/s for ~3 s), and the level a
-    node waits for before ``/readyz`` answers ready."""
+    min_blocks: Int = Field(default=6_144, ge=1)
+    """The floor the leader keeps whatever the claim rate, and the level a node waits for
+    before ``/readyz`` answers ready. It is sized for a step from idle to the fastest claim
+    rate: a pool below :attr:`low_watermark_blocks` wakes the refill, whose first cut lands
+    within ~0.3 s (the check interval plus the refill's reads and first write, measured on
+    a 2-core machine under that load); 4,096 blocks cover 0.3 s at ~12.8k claims/s (the
+    fastest ``allocator bench claims`` reached here), and the 2,048 above that keep small
+    swings from waking the refill. Every block held idles towards ``pool.max_block_age_s``,
+    so a quiet cluster voids about ``(min_blocks - rate x bound) / bound`` blocks per second:
+    lower both settings when the peak claim rate is known to be lower (docs/operations.md,
+    "Pool sizing")."""
     runway_s: Float = Field(default=60.0, ge=0)
     max_blocks: Int = Field(default=1_000_000, ge=1)
     """The cap. It covers a handover (the session timeout plus :attr:`handover_margin_s`,
     15 s by default) at claim rates up to ``max_blocks / 15 s``: ~66k blocks/s, above the
     32k blocks/s the default layout lets a leader cut. ``config check`` states the rate."""
-    low_watermark_blocks: Int = Field(default=16, ge=0)
+    low_watermark_blocks: Int = Field(default=4_096, ge=0)
+    """Below this the refill is woken at once (:attr:`low_watermark_check_s`): it must cover
+    the fastest claim rate for the time the woken refill's first cut takes to land. Unset,
+    it is two thirds of :attr:`min_blocks` (4,096 of the default 6,144), so a file that
+    sets only the floor stays valid."""
+    low_watermark_check_s: Float = Field(default=0.1, gt=0, le=60)
+    """How often the leader reads the pool level while the pool is small (below four times
+    :attr:`min_blocks`; above that, once per :attr:`refill_interval_s`), and wakes the
+    refill at once when it is below :attr:`low_watermark_blocks` (:mod:`jobs.low_water`)."""
     handover_margin_s: Float = Field(default=5.0, ge=0)
     """What a handover may take beyond ``zookeeper.session_timeout_ms`` (detection, the
     takeover, the first refill). The pool must last that long at the current claim rate:
@@ -301,6 +316,21 @@ class PoolConfig(Section):
     ``claim_blocks`` handing out blocks older than the bound, so claims keep working through a
     leaderless stretch, the pool's purpose, at the price of older IDs; false keeps the bound,
     so claims get ``AL003`` once the pool's blocks have all aged."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _low_watermark_follows_the_floor(cls, data: Any) -> Any:
+        """An unset ``low_watermark_blocks`` is two thirds of a ``min_blocks`` that is set."""
+        if not isinstance(data, dict) or "low_watermark_blocks" in data:
+            return data
+        floor = data.get("min_blocks")
+        if isinstance(floor, bool):
+            return data
+        try:
+            blocks = int(floor)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            return data  # unset (the defaults agree) or invalid (reported as such)
+        return {**data, "low_watermark_blocks": max(0, blocks * 2 // 3)}
 
 
 class LeaderConfig(Section):

@@ -10,7 +10,8 @@ Rules:
   :class:`allocator.node.seams.LeaderHooks`), so a leader does not read the pool once more.
 - Ready (``/readyz`` 200) means: connected to ZooKeeper, the last probe reached the
   database, and the pool can take a burst: it reached ``pool.min_blocks`` (the level the
-  leader keeps whatever the rate, sized for a cold-start burst) and has not run empty since.
+  leader keeps whatever the rate, sized for a step from idle to the fastest claim rate while
+  the low-water check wakes the refill) and has not run empty since.
   The hysteresis keeps readiness from flapping while consumers draw the pool below the
   floor between two refills; an empty pool makes the node unready until the floor is back.
 - Whether an operator paused claims (``pool_status.claims_paused``, migration 0010) comes

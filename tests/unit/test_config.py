@@ -62,6 +62,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "pool.runway_s": ("0", 0.0),
     "pool.max_blocks": ("10", 10),
     "pool.low_watermark_blocks": ("9", 9),
+    "pool.low_watermark_check_s": ("0.05", 0.05),
     "pool.refill_interval_s": ("0.25", 0.25),
     "pool.max_clock_behind_ms": ("0", 0),
     "pool.retention_s": ("3600", 3600.0),
@@ -164,11 +165,12 @@ BAD: list[tuple[str, str]] = [
     ("node.state_dir", "var/lib/allocator"),
     ("node.state_dir", "~/state"),
     ("pool.min_blocks", "0"),
-    ("pool.min_blocks", "16"),  # the default low watermark must stay below it
     ("pool.runway_s", "-1"),
     ("pool.max_blocks", "10"),
     ("pool.low_watermark_blocks", "-1"),
-    ("pool.low_watermark_blocks", "16384"),  # not below the default min_blocks
+    ("pool.low_watermark_blocks", "6144"),  # not below the default min_blocks
+    ("pool.low_watermark_check_s", "0"),
+    ("pool.low_watermark_check_s", "61"),
     ("pool.refill_interval_s", "0"),
     ("pool.max_clock_behind_ms", "-1"),
     ("pool.retention_s", "0"),
@@ -182,7 +184,6 @@ BAD: list[tuple[str, str]] = [
 # Where a bad value breaks a rule between two keys, the error names the dependent key.
 BLAMED = {
     ("postgres.pool_min_size", "5"): "postgres.pool_max_size",
-    ("pool.min_blocks", "16"): "pool.low_watermark_blocks",
     ("pool.handover_margin_s", "300"): "pool.max_block_age_s",
     ("layout.datacenter_bits", "-1"): "layout.datacenter_bits",
 }
@@ -221,10 +222,11 @@ def test_defaults() -> None:
     assert config.node.admin_address == "127.0.0.1:8470"
     assert (config.node.on_session_loss, config.node.log_format) == ("exit", "text")
     assert (config.pool.min_blocks, config.pool.max_blocks, config.pool.low_watermark_blocks) == (
-        16_384,
+        6_144,
         1_000_000,
-        16,
+        4_096,
     )
+    assert config.pool.low_watermark_check_s == 0.1
     assert config.pool.retention_s == 86_400
     assert config.masked_dict()["layout"]["epoch"] == "2020-01-01T00:00:00.000Z"
 
@@ -493,7 +495,19 @@ def test_config_is_frozen() -> None:
 
 def test_direct_validation_still_checks_rules_between_keys() -> None:
     with pytest.raises(ValidationError, match=re.escape("pool.low_watermark_blocks: must be <")):
-        Config.model_validate({"pool": {"min_blocks": 4}})
+        Config.model_validate({"pool": {"min_blocks": 4, "low_watermark_blocks": 4}})
+
+
+@pytest.mark.parametrize(("floor", "watermark"), [("6144", 4096), ("1000", 666), ("1", 0)])
+def test_an_unset_low_watermark_is_two_thirds_of_the_floor(floor: str, watermark: int) -> None:
+    config = load(env={env_name("pool.min_blocks"): floor})
+    assert config.pool.low_watermark_blocks == watermark
+    assert load(overrides={"pool.min_blocks": floor}).pool.low_watermark_blocks == watermark
+
+
+def test_a_low_watermark_that_is_set_wins_over_the_floors_share() -> None:
+    config = load(overrides={"pool.min_blocks": "1000", "pool.low_watermark_blocks": "10"})
+    assert config.pool.low_watermark_blocks == 10
 
 
 def test_node_state_dir_is_optional_and_absolute() -> None:

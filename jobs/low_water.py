@@ -1,0 +1,72 @@
+"""Low-water check: wake the refill the moment the pool falls below its low watermark.
+
+Rules:
+- The leader reads the pool level every ``pool.low_watermark_check_s`` (0.1 s) while the
+  pool is small (its last reading below :data:`ZONE_FLOORS` x ``pool.min_blocks``), and once
+  per ``pool.refill_interval_s`` above that: reading ``pool_status`` costs in proportion to
+  the pool (~2 ms at 2,000 blocks, ~110 ms at 600,000 here), and a pool that large lasts
+  several refill intervals even at the fastest claim rate it was sized for.
+- Below ``pool.low_watermark_blocks`` it wakes the refill job at once (APScheduler runs it
+  now) instead of leaving it to the next ``pool.refill_interval_s``. A refill in flight is
+  not woken again (``ctx.refilling``): it is already cutting, and the next check after it
+  ends wakes it again if the pool is still low. A ``pool_low`` log line marks each fall
+  below the watermark, not every reading.
+- Why polling, not a NOTIFY from ``claim_blocks``: polling costs one small read on the
+  leader's connection and nothing on the claim path; a NOTIFY is taken under a lock that
+  serialises every notifying commit in the database, needs a change to ``claim_blocks``
+  (the hottest function), and a listening connection of its own that can miss a
+  notification while it reconnects, so the poll would be needed anyway.
+- Like the sampler it writes nothing and never waits on ``busy``; it runs only while the
+  term may write (only the leader refills).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from allocator.core import logs
+from allocator.core.errors import DatabaseUnavailableError
+from jobs.context import LeaderContext
+
+log = logs.get_logger(__name__)
+
+ZONE_FLOORS = 4
+"""Below this many floors (``pool.min_blocks``) the pool is read on every check."""
+
+
+class LowWaterCheck:
+    """One term's check; :meth:`run` is the scheduled job."""
+
+    def __init__(self, ctx: LeaderContext, clock: Callable[[], float] = time.monotonic) -> None:
+        self._ctx = ctx
+        self._clock = clock
+        self._read_at: float | None = None
+        self._available: int | None = None
+        self._low = False
+
+    def _due(self) -> bool:
+        pool = self._ctx.config.pool
+        if self._read_at is None or self._available is None:
+            return True
+        if self._available < ZONE_FLOORS * pool.min_blocks:
+            return True
+        return self._clock() - self._read_at >= pool.refill_interval_s
+
+    def run(self) -> None:
+        ctx = self._ctx
+        if not ctx.term.may_write() or not self._due():
+            return
+        try:
+            status = ctx.db.pool_status()
+        except DatabaseUnavailableError as exc:
+            log.warning("low_water_check_failed", error=str(exc))
+            return
+        self._read_at, self._available = self._clock(), status.available_blocks
+        ctx.hooks.pool_read(status)
+        low = status.available_blocks < ctx.config.pool.low_watermark_blocks
+        if low and not self._low:
+            log.info("pool_low", available_blocks=status.available_blocks)
+        self._low = low
+        if low and not ctx.refilling.is_set():
+            ctx.wake_refill()
