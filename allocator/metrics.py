@@ -9,6 +9,12 @@ they like.
   ``pool_status`` itself (:mod:`allocator.node.pool_watch`), so any one scraped node tells the
   pool's state, and a follower never exports a made-up 0. Until a node's first reading
   they are NaN (no value), never 0.
+- The age of an ID (``allocator_pool_oldest_block_age_seconds``,
+  ``allocator_pool_max_block_age_seconds``, ``allocator_claimed_block_age_seconds``,
+  ``allocator_blocks_voided_aged_total``) comes from the leader's jobs only (its sampling and
+  aging runs), so only the leader exports the gauges: NaN elsewhere, and NaN again once it
+  stops leading. The oldest block's age is NaN while the pool is empty, the bound NaN
+  before a leader of migration 0011 wrote one.
 - What only a leader knows (its term, its cutting alerts) is reset by
   :meth:`NodeMetrics.leadership_ended` when it stops leading, so an ex-leader never keeps
   exporting a stale alert.
@@ -23,6 +29,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info
 from prometheus_client import Enum as EnumMetric
 
 from allocator import __version__
+from allocator.core.records import BlockAgeStatus
 
 SESSION_STATES = ["connecting", "connected", "suspended", "lost"]
 BLOCKED_REASONS = (
@@ -32,6 +39,11 @@ BLOCKED_REASONS = (
     "database_behind_zookeeper",
 )
 """Why a node first in the election cannot take the fence (``allocator_blocked``)."""
+
+
+CLAIMED_AGE_BUCKETS_S = (1, 5, 15, 30, 60, 120, 300, 600, 1800, 3600)
+"""Buckets of ``allocator_claimed_block_age_seconds``: they bracket the default bound (300 s)
+and bounds down to a few seconds (tests) and up to an hour."""
 
 
 class NodeMetrics:
@@ -110,6 +122,33 @@ class NodeMetrics:
         )
         for gauge in (self.pool_available_blocks, self.pool_runway_seconds, self.pool_claim_rate):
             gauge.set(math.nan)
+        self.pool_oldest_block_age_seconds = Gauge(
+            "allocator_pool_oldest_block_age_seconds",
+            "How far the oldest unclaimed block's first ID lies behind the database clock "
+            "(allocator.block_age_status; NaN while the pool is empty or on a follower)",
+            registry=r,
+        )
+        self.pool_max_block_age_seconds = Gauge(
+            "allocator_pool_max_block_age_seconds",
+            "The bound on an ID's age in force (pool.max_block_age_s, as the leader's heartbeat "
+            "wrote it; NaN on a follower)",
+            registry=r,
+        )
+        for gauge in (self.pool_oldest_block_age_seconds, self.pool_max_block_age_seconds):
+            gauge.set(math.nan)
+        self.claimed_block_age_seconds = Histogram(
+            "allocator_claimed_block_age_seconds",
+            "Age of the blocks handed out (claimed_at minus the first ID's time), sampled by the "
+            "leader from the claims since its previous sampling run (voided blocks left out)",
+            buckets=CLAIMED_AGE_BUCKETS_S,
+            registry=r,
+        )
+        self.blocks_voided_aged = Counter(
+            "allocator_blocks_voided_aged",
+            "Unclaimed blocks the leader voided because they were about to pass the bound on "
+            "an ID's age (claimed_by allocator:voided-aged)",
+            registry=r,
+        )
         self.refill_seconds = Histogram(
             "allocator_refill_duration_seconds", "Time of one refill run", registry=r
         )
@@ -233,6 +272,12 @@ class NodeMetrics:
         self.pool_runway_seconds.set(math.inf if runway_s is None else runway_s)
         self.pool_claim_rate.set(claim_rate or 0.0)
 
+    def block_age_observed(self, status: BlockAgeStatus) -> None:
+        """One reading of ``block_age_status`` by the leader (NaN for what it has not)."""
+        oldest, bound = status.oldest_unclaimed_age_ms, status.max_block_age_ms
+        self.pool_oldest_block_age_seconds.set(math.nan if oldest is None else oldest / 1000)
+        self.pool_max_block_age_seconds.set(math.nan if bound is None else bound / 1000)
+
     def blocked_by(self, reason: str | None) -> None:
         """``allocator_blocked``: 1 for ``reason`` (one of :data:`BLOCKED_REASONS`), 0 for
         the others; None: not blocked."""
@@ -252,3 +297,5 @@ class NodeMetrics:
             self.async_replication,
         ):
             gauge.set(0)
+        for gauge in (self.pool_oldest_block_age_seconds, self.pool_max_block_age_seconds):
+            gauge.set(math.nan)

@@ -11,8 +11,9 @@ Rules:
 - Every ``pool.refill_interval_s``; at most :data:`MAX_BATCHES_PER_RUN` batches of
   :data:`BATCH_BLOCKS` per run, so a large backlog (a pool cut before a long leaderless
   stretch) never holds the term's job slot for long; the next run goes on.
-- Something voided: the refill is woken (``ctx.wake_refill``), so the pool is cut back up at
-  once instead of at the next interval.
+- Something voided: counted (``allocator_blocks_voided_aged_total``), and the refill is
+  woken (``ctx.wake_refill``), so the pool is cut back up at once instead of at the next
+  interval.
 - Errors as in :mod:`jobs.retention`: fenced ends the term, a write abandoned (leadership in
   doubt) or a database unavailable waits for the next run.
 """
@@ -54,6 +55,7 @@ def run(ctx: LeaderContext) -> int:
         except DatabaseUnavailableError as exc:
             log.warning("aging_failed", epoch=ctx.term.epoch, error=str(exc))
     if voided:
+        ctx.metrics.blocks_voided_aged.inc(voided)
         log.info("aged_blocks_voided", epoch=ctx.term.epoch, blocks=voided, ahead_ms=ahead_ms)
         ctx.wake_refill()
     return voided

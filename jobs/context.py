@@ -7,6 +7,8 @@ for the one in flight). A job that meets :class:`FencedError` reports it through
 ``hooks.on_fenced`` and stops; the node ends the term. Every fenced write that commits is
 reported to ``hooks.health`` (the leader hands over when none has for too long).
 ``refilling`` is set while a refill runs, so the low-water check does not wake it again.
+``claim_position_sampled`` is the claim position the sampling job read last in this term
+(None before its first run): the hand-outs it measures next lie above it.
 """
 
 from __future__ import annotations
@@ -33,3 +35,4 @@ class LeaderContext:
     busy: threading.Lock = field(default_factory=threading.Lock)
     wake_refill: Callable[[], None] = lambda: None
     refilling: threading.Event = field(default_factory=threading.Event)
+    claim_position_sampled: int | None = None

@@ -155,3 +155,44 @@ class BlockAgeBound:
     """While no leader serves: True keeps handing out aged blocks, False refuses them."""
     leader_stale_ms: int
     """How old the heartbeat may be while the leader still counts as serving."""
+
+
+@dataclass(frozen=True, slots=True)
+class BlockAgeStatus:
+    """The one row of ``allocator.block_age_status`` (migration 0011): the bound on an ID's
+    age as the last heartbeat wrote it, whether a leader serves, and the pool's oldest block.
+    """
+
+    max_block_age_ms: int | None
+    """The bound in force; None before a leader of this release wrote a heartbeat."""
+    serve_aged_without_leader: bool | None
+    heartbeat_at: datetime | None
+    leader_serves: bool
+    """The heartbeat is no older than its ``leader_stale_ms`` (the database's definition)."""
+    oldest_unclaimed_age_ms: int | None
+    """How far the oldest unclaimed block's first ID lies behind the database clock; None
+    when the pool is empty."""
+
+    def to_json(self) -> dict[str, object]:
+        """The ``block_age`` object of ``status --json`` and ``/cluster`` (seconds)."""
+        return {
+            "max_block_age_s": _seconds(self.max_block_age_ms),
+            "oldest_unclaimed_age_s": _seconds(self.oldest_unclaimed_age_ms),
+            "leader_serves": self.leader_serves,
+            "serve_aged_without_leader": self.serve_aged_without_leader,
+            "heartbeat_at": None if self.heartbeat_at is None else self.heartbeat_at.isoformat(),
+        }
+
+
+def _seconds(ms: int | None) -> float | None:
+    return None if ms is None else ms / 1000
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedBlock:
+    """One block handed out (``allocator.claimed_block_ages``, migration 0011)."""
+
+    ticket: int
+    first_id: int
+    claimed_at_ms: int
+    """When it was claimed, Unix milliseconds by the database clock."""

@@ -18,6 +18,8 @@ from allocator.core.health import NodeHealth
 from allocator.core.leadership import Term
 from allocator.core.records import (
     BlockAgeBound,
+    BlockAgeStatus,
+    ClaimedBlock,
     ClockReading,
     CommitCheck,
     CutResult,
@@ -70,6 +72,12 @@ class LeaderStore(Protocol):
     def replication(self) -> Replication: ...
 
     def record_pool_sample(self) -> None: ...
+
+    def block_age_status(self) -> BlockAgeStatus: ...
+
+    def claimed_block_ages(
+        self, after_ticket: int, upto_ticket: int, limit: int
+    ) -> list[ClaimedBlock]: ...
 
     def requeue_stranded(self, token: Token, commit_if: CommitCheck | None = None) -> int: ...
 

@@ -11,8 +11,9 @@ Rules:
   operator's ``rebase_fence``), never
   through table DML: the node role has no INSERT/UPDATE/DELETE on any table, and the block
   writes among those functions are fenced on the caller's exact epoch inside the statement.
-- Reads use the views (``pool_status``, ``leader_history``, ``fence_history``): the node
-  role may read those three and no table; every role's rights are the table in docs/sql.md
+- Reads use the views (``pool_status``, ``leader_history``, ``fence_history``,
+  ``block_age_status``, …) or a read-only function (``claimed_block_ages``): the node role
+  reads no table; every role's rights are the table in docs/sql.md
   (migration 0007).
 - Parameters are named (``%(name)s``, psycopg style); the column names of each statement
   match the fields of the dataclass :mod:`allocator.postgres.store` builds from it, so rows map
@@ -146,6 +147,20 @@ POOL_STATUS: Final = (
     " FROM allocator.pool_status"
 )
 """The pool's one row; ``claims_paused`` since migration 0010 (the view's last column)."""
+
+BLOCK_AGE_STATUS: Final = (
+    "SELECT max_block_age_ms, serve_aged_without_leader, heartbeat_at, leader_serves,"
+    " oldest_unclaimed_age_ms FROM allocator.block_age_status"
+)
+"""The bound on an ID's age, whether a leader serves, the oldest unclaimed block's age
+(migration 0011; every role may read it)."""
+
+CLAIMED_BLOCK_AGES: Final = (
+    "SELECT ticket, first_id, claimed_at_ms"
+    " FROM allocator.claimed_block_ages(%(after_ticket)s, %(upto_ticket)s, %(limit)s)"
+)
+"""The blocks handed out with tickets in ``(after_ticket, upto_ticket]``, newest first, at most
+``limit``, voided ones left out (migration 0011, node role): the age at hand-out."""
 
 LEADER_HISTORY: Final = (
     "SELECT epoch, holder, host, pid, elected_at, ended_at, end_reason, generation"

@@ -73,6 +73,8 @@ from allocator.core.errors import (
 from allocator.core.layout import Layout
 from allocator.core.records import (
     BlockAgeBound,
+    BlockAgeStatus,
+    ClaimedBlock,
     ClockReading,
     CommitCheck,
     CutResult,
@@ -448,6 +450,23 @@ class NodeDatabase:
 
     def pool_status(self) -> PoolStatus:
         return self._row("read the pool status", sql.POOL_STATUS, {}, PoolStatus)
+
+    def block_age_status(self) -> BlockAgeStatus:
+        """The bound on an ID's age, whether a leader serves, the oldest block's age."""
+        what = "read the block age status"
+        return self._row(what, sql.BLOCK_AGE_STATUS, {}, BlockAgeStatus)
+
+    def claimed_block_ages(
+        self, after_ticket: int, upto_ticket: int, limit: int
+    ) -> list[ClaimedBlock]:
+        """The blocks handed out with tickets in ``(after_ticket, upto_ticket]``, newest
+        first, at most ``limit``, voided ones left out."""
+        params = {"after_ticket": after_ticket, "upto_ticket": upto_ticket, "limit": limit}
+        with (
+            self._connection("read the blocks handed out") as conn,
+            conn.cursor(row_factory=class_row(ClaimedBlock)) as cursor,
+        ):
+            return cursor.execute(sql.CLAIMED_BLOCK_AGES, params).fetchall()
 
     def leader_history(self, limit: int) -> list[TermRecord]:
         """The latest ``limit`` terms, newest first."""

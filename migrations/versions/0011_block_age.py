@@ -53,6 +53,9 @@ Rules:
 * ``allocator.block_age_status`` (consumer, node, operator): the settings, the heartbeat,
   ``leader_serves`` and the age of the oldest unclaimed block (NULL when the pool is empty),
   computed by the SECURITY DEFINER ``block_age_status_row()`` as ``pool_status`` is.
+* ``claimed_block_ages(after_ticket, upto_ticket, limit)`` (node role, read-only): the blocks
+  handed out with tickets in that range, newest first, voided ones left out; the leader's
+  sampling job turns them into the age at hand-out (``allocator_claimed_block_age_seconds``).
 * Downgrade: ``claim_blocks`` as 0010 left it, the new objects dropped.
 """
 

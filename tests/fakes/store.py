@@ -20,6 +20,9 @@ migrations/sql/0003 that the node depends on):
   fake keeps no blocks, only a count of aged ones (``aged_blocks``), of which a void takes
   at most its limit (and records its lead, ``voids``). A ``commit_if`` that says no makes
   them raise :class:`WriteAbandonedError` with nothing written.
+- ``block_age_status`` answers ``block_age``; ``claimed_block_ages`` selects from
+  ``claimed`` by ticket as the real function does (newest first, at most the limit; the
+  fake holds no voided blocks); ``pool_status`` reports ``claim_position``.
 - :class:`FakeStore` is one node's connection. ``reachable = False`` makes every call raise
   :class:`DatabaseUnavailableError`, as a node cut off from the database sees.
   ``clock_offset_ms`` is how far the database server's clock is from this node's: ``read_clock``
@@ -45,6 +48,8 @@ from allocator.core.errors import (
 )
 from allocator.core.records import (
     BlockAgeBound,
+    BlockAgeStatus,
+    ClaimedBlock,
     ClockReading,
     CommitCheck,
     FenceState,
@@ -208,6 +213,12 @@ class FakeStore:
         """Every ``take_fence`` this node asked for, with what came of it."""
         self.available_blocks = 1_000_000
         """What ``pool_status`` reports (the fake keeps no pool)."""
+        self.claim_position = 0
+        """What ``pool_status`` reports as the claim position."""
+        self.block_age = BlockAgeStatus(None, None, None, False, None)
+        """What ``block_age_status`` reports."""
+        self.claimed: list[ClaimedBlock] = []
+        """The blocks handed out, by ticket: what ``claimed_block_ages`` selects from."""
 
     def open(self, timeout: float | None = None) -> None:
         self._check_reachable("open the node database pool")
@@ -288,11 +299,22 @@ class FakeStore:
             runway_s=None,
             high_water_id=fence.high_water_id,
             cut_position=0,
-            claim_position=0,
+            claim_position=self.claim_position,
             epoch=fence.epoch,
             holder=fence.holder,
             generation=fence.generation,
         )
+
+    def block_age_status(self) -> BlockAgeStatus:
+        self._check_reachable("read the block age status")
+        return self.block_age
+
+    def claimed_block_ages(
+        self, after_ticket: int, upto_ticket: int, limit: int
+    ) -> list[ClaimedBlock]:
+        self._check_reachable("read the blocks handed out")
+        chosen = [b for b in self.claimed if after_ticket < b.ticket <= upto_ticket]
+        return sorted(chosen, key=lambda b: b.ticket, reverse=True)[:limit]
 
     def outcomes(self) -> list[Outcome]:
         with self._lock:

@@ -29,11 +29,13 @@ from allocator.core.errors import (
     InvalidBatchError,
     StaleTakeoverError,
 )
-from allocator.core.records import CutResult, FenceState, Takeover
+from allocator.core.layout import Layout
+from allocator.core.records import BlockAgeBound, CutResult, FenceState, Takeover
 from allocator.fence import Token
 from allocator.postgres import sql
 from allocator.postgres.operator import read_status
 from allocator.postgres.store import NodeDatabase
+from jobs import sampling
 from tests.fixtures.pg import LAYOUT_JSON, claim, url_for_user
 
 pytestmark = pytest.mark.integration
@@ -527,3 +529,40 @@ def test_a_write_whose_leadership_came_into_doubt_is_rolled_back(db_url: str) ->
         assert db.high_water_id() == -1
         result = db.cut_blocks(Token(0, 42), [(1000, 1099)], commit_if=lambda: True)
         assert result.high_water_id == 1099
+
+
+# -- the age at hand-out (migration 0011) ----------------------------------------------------
+
+
+def test_claimed_block_ages_are_the_hand_outs_between_two_claim_positions(
+    db: NodeDatabase, admin: Conn
+) -> None:
+    """What the leader's sampling job reads, as the node role: the blocks claimed with
+    tickets in the range, newest first, at most the limit, voided ones left out; their ages
+    decoded with the layout are claimed_at minus the first ID's time."""
+    db.take_fence(OLD, "node-a", "h", 1)
+    layout = Layout()
+    (now_ms,) = admin.execute("SELECT allocator.db_now_ms()").fetchone()  # type: ignore[misc]
+    aged = [layout.encode(now_ms - 60_000, 0, lane, 0) for lane in range(3)]
+    fresh = [layout.encode(now_ms - 100, 0, lane, 0) for lane in range(2)]
+    db.cut_blocks(OLD, [(first, first + 4095) for first in aged + fresh])  # tickets 1..5
+    before = db.pool_status().claim_position
+    assert claim(admin, "app")[0][1] == aged[0]  # no bound yet: ticket 1, a minute old
+    db.leader_heartbeat(OLD, BlockAgeBound(4000, True, 60_000))
+    assert db.void_aged_blocks(OLD, 0, 1) == 1  # ticket 2
+    assert claim(admin, "app")[0][1] == fresh[0]  # voids ticket 3 itself, hands out ticket 4
+    after = db.pool_status().claim_position
+    assert (before, after) == (0, 4)
+
+    handed = db.claimed_block_ages(before, after, 1000)
+    assert [(b.ticket, b.first_id) for b in handed] == [(4, fresh[0]), (1, aged[0])]
+    young, old = sampling.handout_ages_s(handed, layout)
+    assert 60.0 <= old < 600.0
+    assert 0.1 <= young < 60.0
+    assert [b.ticket for b in db.claimed_block_ages(before, after, 1)] == [4]
+    assert [b.ticket for b in db.claimed_block_ages(1, after, 1000)] == [4]
+    assert db.claimed_block_ages(after, after, 1000) == []
+    status = db.block_age_status()
+    assert (status.max_block_age_ms, status.leader_serves) == (4000, True)
+    assert status.oldest_unclaimed_age_ms is not None
+    assert status.oldest_unclaimed_age_ms < 60_000  # the fresh block left

@@ -44,6 +44,7 @@ FUNCTIONS = FUNCTIONS_0010 | {
     "leader_heartbeat",
     "void_aged_blocks",
     "block_age_status_row",
+    "claimed_block_ages",
 }
 ROLES = {"allocator_consumer", "allocator_node", "allocator_operator", "allocator_owner"}
 
@@ -370,6 +371,7 @@ def test_0011_expands_only_grants_each_role_its_part_and_downgrades_to_0010_exac
         "allocator.leader_heartbeat(bigint,bigint,bigint,boolean,bigint)",
         "allocator.void_aged_blocks(bigint,bigint,bigint,integer)",
         "allocator.block_age_status_row()",
+        "allocator.claimed_block_ages(bigint,bigint,integer)",
     }
     assert pool_status_columns(empty_db_url) == columns_before
     assert schema_objects(empty_db_url) == {
@@ -399,6 +401,8 @@ def test_0011_expands_only_grants_each_role_its_part_and_downgrades_to_0010_exac
             ),
             ("allocator_consumer", "allocator.age_bound_id(bigint, boolean)", False),
             ("allocator_node", "allocator.age_bound_id(bigint, boolean)", False),
+            ("allocator_node", "allocator.claimed_block_ages(bigint, bigint, integer)", True),
+            ("allocator_consumer", "allocator.claimed_block_ages(bigint, bigint, integer)", False),
         ]:
             (has,) = conn.execute(  # type: ignore[misc]
                 "SELECT has_function_privilege(%s, %s, 'EXECUTE')", (role, function)

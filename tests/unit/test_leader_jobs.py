@@ -15,7 +15,7 @@ from typing import Any
 from allocator.config import load_config
 from allocator.core.health import NodeHealth
 from allocator.core.leadership import SessionGuard, Term
-from allocator.core.records import ClockReading, PoolStatus
+from allocator.core.records import BlockAgeStatus, ClaimedBlock, ClockReading, PoolStatus
 from allocator.fence import Token
 from allocator.metrics import NodeMetrics
 from allocator.node.seams import LeaderHooks
@@ -57,6 +57,12 @@ class HangingDatabase:
 
     def void_aged_blocks(self, *args: Any, **kwargs: Any) -> int:
         return 0
+
+    def block_age_status(self) -> BlockAgeStatus:
+        return BlockAgeStatus(None, None, None, False, None)
+
+    def claimed_block_ages(self, *args: Any) -> list[ClaimedBlock]:
+        return []
 
 
 def term(token: Token) -> Term:

@@ -182,6 +182,7 @@ COMMENT ON FUNCTION allocator.claim_blocks(text, integer) IS
 DROP VIEW allocator.block_age_status;
 DROP VIEW allocator.serving_history;
 DROP FUNCTION allocator.block_age_status_row();
+DROP FUNCTION allocator.claimed_block_ages(bigint, bigint, integer);
 DROP FUNCTION allocator.claim_blocks_expiring(text, integer);
 DROP FUNCTION allocator.leader_heartbeat(bigint, bigint, bigint, boolean, bigint);
 DROP FUNCTION allocator.void_aged_blocks(bigint, bigint, bigint, integer);

@@ -544,6 +544,33 @@ $fn$;
 COMMENT ON FUNCTION allocator.block_age_status_row() IS
     'The one row of allocator.block_age_status (the view calls it; read the view).';
 
+-- The blocks handed out with tickets in (p_after_ticket, p_upto_ticket], newest first, at most
+-- p_limit: what the leader's sampling job measures the age at hand-out from (the claim
+-- position of its previous run to the current one; the unique ticket index). Voided blocks
+-- (claimed_by 'allocator:...') are not hand-outs and are left out; a claim not yet committed
+-- is not seen. Read-only; node role.
+CREATE FUNCTION allocator.claimed_block_ages(p_after_ticket bigint, p_upto_ticket bigint,
+                                             p_limit integer)
+RETURNS TABLE (ticket bigint, first_id bigint, claimed_at_ms bigint)
+LANGUAGE sql
+STABLE
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off
+AS $fn$
+    SELECT b.ticket, b.first_id, floor(extract(epoch FROM b.claimed_at) * 1000)::bigint
+      FROM allocator.blocks b
+     WHERE b.ticket > p_after_ticket AND b.ticket <= p_upto_ticket
+       AND b.claimed_at IS NOT NULL
+       AND b.claimed_by NOT LIKE 'allocator:%'
+     ORDER BY b.ticket DESC
+     LIMIT greatest(p_limit, 0);
+$fn$;
+
+COMMENT ON FUNCTION allocator.claimed_block_ages(bigint, bigint, integer) IS
+    'Blocks handed out with tickets in (p_after_ticket, p_upto_ticket], newest first, at most '
+    'p_limit, voided ones left out: ticket, first_id, claimed_at in Unix ms. Node role.';
+
 CREATE VIEW allocator.block_age_status AS
 SELECT s.max_block_age_ms, s.serve_aged_without_leader, s.heartbeat_at, s.leader_serves,
        s.oldest_unclaimed_age_ms
@@ -560,6 +587,7 @@ ALTER FUNCTION allocator.leader_heartbeat(bigint, bigint, bigint, boolean, bigin
     OWNER TO allocator_owner;
 ALTER FUNCTION allocator.void_aged_blocks(bigint, bigint, bigint, integer) OWNER TO allocator_owner;
 ALTER FUNCTION allocator.block_age_status_row() OWNER TO allocator_owner;
+ALTER FUNCTION allocator.claimed_block_ages(bigint, bigint, integer) OWNER TO allocator_owner;
 
 REVOKE ALL ON allocator.block_age, allocator.serving_stretches, allocator.serving_history,
     allocator.block_age_status
@@ -568,11 +596,13 @@ REVOKE ALL ON FUNCTION allocator.age_bound_id(bigint, boolean),
     allocator.claim_blocks_expiring(text, integer),
     allocator.leader_heartbeat(bigint, bigint, bigint, boolean, bigint),
     allocator.void_aged_blocks(bigint, bigint, bigint, integer),
-    allocator.block_age_status_row()
+    allocator.block_age_status_row(),
+    allocator.claimed_block_ages(bigint, bigint, integer)
     FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION allocator.claim_blocks_expiring(text, integer) TO allocator_consumer;
 GRANT EXECUTE ON FUNCTION allocator.leader_heartbeat(bigint, bigint, bigint, boolean, bigint),
-    allocator.void_aged_blocks(bigint, bigint, bigint, integer)
+    allocator.void_aged_blocks(bigint, bigint, bigint, integer),
+    allocator.claimed_block_ages(bigint, bigint, integer)
     TO allocator_node;
 GRANT EXECUTE ON FUNCTION allocator.block_age_status_row()
     TO allocator_consumer, allocator_node, allocator_operator;
