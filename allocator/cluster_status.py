@@ -41,7 +41,7 @@ from allocator.config import Config
 from allocator.core.errors import (
     DatabaseError,
 )
-from allocator.core.records import PoolStatus, TermRecord
+from allocator.core.records import BlockAgeStatus, PoolStatus, TermRecord
 from allocator.core.zookeeper_hosts import chroot_of
 from allocator.fence.report import REBASE_HISTORY_LIMIT, FenceReport, ZooKeeperFence
 from allocator.fence.znodes import read_watermark, read_zookeeper_fence
@@ -62,6 +62,8 @@ class ClusterStatus:
     claims_pause: db.OpenPause | None = None
     """Why claims are paused (who, when); None when they are not, or the role may not read
     ``claim_pause_history`` (``pool.claims_paused`` still says whether)."""
+    block_age: BlockAgeStatus | None = None
+    """The bound on an ID's age and the oldest block's age; None before migration 0011."""
 
     @property
     def leader(self) -> Contender | None:
@@ -73,7 +75,7 @@ class ClusterStatus:
     def to_json(self) -> dict[str, Any]:
         pause = self.claims_pause
         return {
-            **cluster_json(self.contenders, self.pool, self.terms, self.ignored),
+            **cluster_json(self.contenders, self.pool, self.terms, self.ignored, self.block_age),
             "fence": self.fence.to_json(),
             "claims_pause": None
             if pause is None
@@ -98,6 +100,7 @@ def cluster_json(
     pool: PoolStatus | None,
     terms: list[TermRecord],
     ignored: list[Ignored],
+    block_age: BlockAgeStatus | None = None,
 ) -> dict[str, Any]:
     """``allocator status --json`` but the fence: leader, contenders, election, pool and
     handovers (docs/schemas/status.schema.json); also each node's status page
@@ -155,6 +158,7 @@ def cluster_json(
             "claim_rate_blocks_per_s": pool.claim_rate_blocks_per_s,
             "claims_paused": pool.claims_paused,
         },
+        "block_age": None if block_age is None else block_age.to_json(),
         "handovers": [
             {
                 "epoch": t.epoch,
@@ -206,6 +210,20 @@ def read_open_pause(
         raise
 
 
+def read_block_age(
+    url: str, *, connect_timeout_s: float = db.STATUS_CONNECT_TIMEOUT_S
+) -> BlockAgeStatus | None:
+    """The bound on an ID's age and the oldest block's age (migration 0011); None when the
+    database has no ``block_age_status`` yet (an older schema)."""
+    try:
+        with db.operator_session(url, connect_timeout_s=connect_timeout_s) as session:
+            return session.block_age_status()
+    except DatabaseError as exc:
+        if isinstance(exc.__cause__, psycopg.errors.UndefinedTable):
+            return None
+        raise
+
+
 # -- together ---------------------------------------------------------------------------------
 
 
@@ -227,6 +245,7 @@ def gather(
             read_rebases(url, rebase_limit, connect_timeout_s=timeout_s) if rebase_limit else None
         )
         pause = read_open_pause(url, connect_timeout_s=timeout_s) if pool.claims_paused else None
+        block_age = read_block_age(url, connect_timeout_s=timeout_s)
         with zookeeper_errors(config, "read the election"):  # after the database
             queue = read_queue(client, path)
             zk_fence = read_zookeeper_fence(
@@ -241,7 +260,7 @@ def gather(
     report = FenceReport(
         pool.generation, pool.epoch, pool.holder, zk_fence, rebases, pool.high_water_id
     )
-    return ClusterStatus(queue.contenders, pool, terms, report, queue.ignored, pause)
+    return ClusterStatus(queue.contenders, pool, terms, report, queue.ignored, pause, block_age)
 
 
 def gather_fence(config: Config, rebase_limit: int = REBASE_HISTORY_LIMIT) -> FenceReport:

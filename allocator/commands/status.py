@@ -18,7 +18,8 @@ parse are shown (``election`` in the JSON), and step-down refuses a leader whose
 not parse rather than send the token to an address someone else wrote. ``status`` also
 states, by the configuration it was given, the runway a handover needs
 (:mod:`allocator.config.runway`), and warns on stderr when ``pool.max_blocks`` cannot cover
-one at the measured claim rate.
+one at the measured claim rate. The ``ID age`` line shows the oldest unclaimed block's age, the
+bound on an ID's age and whether a leader serves (``block_age`` in the JSON).
 """
 
 from __future__ import annotations
@@ -104,6 +105,9 @@ def status(as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]) 
         f"runway {runway_text} (a handover needs {pool['runway_needed_s']:g} s), "
         f"high-water mark {pool['high_water_id']}"
     )
+    age_line = block_age_line(data.get("block_age"))
+    if age_line:
+        click.echo(age_line)
     if coverage_warning:
         click.echo(f"warning: {coverage_warning}", err=True)
     click.echo("handovers")
@@ -125,6 +129,25 @@ def claims_lines(data: dict[str, Any]) -> list[str]:
         f"!! CLAIMS PAUSED{why}; claim_blocks answers AL004 (clients retry) until "
         "`allocator pool resume --reason TEXT`."
     ]
+
+
+def block_age_line(age: dict[str, Any] | None) -> str | None:
+    """The ``ID age`` line: the oldest unclaimed block's age beside the bound, and whether a
+    leader serves (what holds the bound); None before migration 0011."""
+    if age is None:
+        return None
+    oldest = age["oldest_unclaimed_age_s"]
+    bound = age["max_block_age_s"]
+    oldest_text = "pool empty" if oldest is None else f"oldest unclaimed block {oldest:.0f} s old"
+    bound_text = "no bound set yet" if bound is None else f"bound {bound:g} s"
+    if age["leader_serves"]:
+        serving = "a leader serves"
+    elif age["serve_aged_without_leader"] is False:
+        serving = "NO LEADER SERVES: aged blocks are refused"
+    else:
+        serving = "NO LEADER SERVES: older blocks are handed out"
+    over = " (PAST THE BOUND)" if None not in (oldest, bound) and oldest > bound else ""
+    return f"ID age      {oldest_text}{over}, {bound_text}; {serving}"
 
 
 def _add_coverage(data: dict[str, Any], config: config_mod.Config) -> str | None:

@@ -118,6 +118,18 @@ function render(node, cluster) {
   show("pool-mark", pool ? number(pool.high_water_id) : null);
   show("pool-claims", pool ? (pool.claims_paused ? "PAUSED (AL004)" : "served") : null);
   $("pool-claims").className = pool && pool.claims_paused ? "bad" : "";
+  const bound = cluster.block_age;
+  const oldest = bound ? bound.oldest_unclaimed_age_s : null;
+  const past = bound && oldest != null && bound.max_block_age_s != null
+       && oldest > bound.max_block_age_s;
+  show("age-oldest", bound ? (oldest == null ? "pool empty" : span(oldest)
+       + (past ? " (past the bound)" : "")) : null);
+  $("age-oldest").className = past ? "bad" : "";
+  show("age-bound", bound && bound.max_block_age_s != null ? span(bound.max_block_age_s) : null);
+  show("age-serving", bound ? (bound.leader_serves ? "a leader serves"
+       : bound.serve_aged_without_leader === false ? "no leader: aged blocks refused"
+       : "no leader: older blocks handed out") : null);
+  $("age-serving").className = bound && !bound.leader_serves ? "bad" : "";
   fill("queue", cluster.contenders.map((c, i) => [
     i > 0 ? "#" + (i + 1) : c.blocked ? ["blocked: " + c.blocked, "bad"] : ["leads", "good"],
     c.name, c.host, c.pid,
@@ -197,6 +209,9 @@ _BODY = """
   <div><span>runway</span><div id="pool-runway">&#8212;</div></div>
   <div><span>last ID cut</span><div id="pool-mark">&#8212;</div></div>
   <div><span>claims</span><div id="pool-claims">&#8212;</div></div>
+  <div><span>oldest block's age</span><div id="age-oldest">&#8212;</div></div>
+  <div><span>bound on an ID's age</span><div id="age-bound">&#8212;</div></div>
+  <div><span>bound held by</span><div id="age-serving">&#8212;</div></div>
 </div>
 
 <h2>Election queue <span id="queue-count" class="muted"></span></h2>

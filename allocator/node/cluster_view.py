@@ -9,7 +9,8 @@ Rules:
   every ``interval_s``; otherwise it waits, so a node nobody watches makes no extra calls. The
   first look after a pause wakes it at once (that look still gets the older view).
 - One read: the election queue from the node's own ZooKeeper session (none while it is not
-  connected), then the pool and the last ``HANDOVERS`` terms from the database. The keys
+  connected), then the pool, the last ``HANDOVERS`` terms and the bound on an ID's age
+  (``block_age_status``) from the database. The keys
   (docs/schemas/cluster.schema.json) are ``allocator status --json``'s but the fence
   (:func:`allocator.cluster_status.cluster_json`), plus ``observed_at`` (Unix seconds of the
   last complete read, null before one), ``age_s`` (its age when shown), ``problems`` (one
@@ -31,7 +32,7 @@ from kazoo.exceptions import KazooException
 from allocator.cluster_status import cluster_json
 from allocator.core import logs
 from allocator.core.errors import AllocatorError
-from allocator.core.records import PoolStatus, TermRecord
+from allocator.core.records import BlockAgeStatus, PoolStatus, TermRecord
 from allocator.zookeeper.election import Contender, Ignored, Queue
 
 log = logs.get_logger(__name__)
@@ -49,6 +50,8 @@ class ClusterStore(Protocol):
     it)."""
 
     def pool_status(self) -> PoolStatus: ...
+
+    def block_age_status(self) -> BlockAgeStatus: ...
 
     def leader_history(self, limit: int) -> list[TermRecord]: ...
 
@@ -77,6 +80,7 @@ class ClusterView:
         self._contenders: list[Contender] = []
         self._ignored: list[Ignored] = []
         self._pool: PoolStatus | None = None
+        self._block_age: BlockAgeStatus | None = None
         self._terms: list[TermRecord] = []
         self._observed_at: float | None = None
         self._problems: list[str] = []
@@ -101,7 +105,9 @@ class ClusterView:
         with self._lock:
             idle = not self._demanded(now)
             self._looked_at = now
-            view = cluster_json(self._contenders, self._pool, self._terms, self._ignored)
+            view = cluster_json(
+                self._contenders, self._pool, self._terms, self._ignored, self._block_age
+            )
             observed_at = self._observed_at
             problems = list(self._problems)
         if idle:
@@ -127,7 +133,15 @@ class ClusterView:
             terms = self._store.leader_history(HANDOVERS)
         except AllocatorError as exc:
             problems.append(f"database: {_one_line(exc)}")
+        block_age: BlockAgeStatus | None = None
+        if pool is not None:
+            try:
+                block_age = self._store.block_age_status()
+            except AllocatorError as exc:
+                problems.append(f"block age: {_one_line(exc)}")
         with self._lock:
+            if block_age is not None:
+                self._block_age = block_age
             if queue is not None:
                 self._contenders, self._ignored = queue.contenders, queue.ignored
             if pool is not None and terms is not None:

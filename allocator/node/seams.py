@@ -57,6 +57,10 @@ class NodeStore(Protocol):
 
     def pool_status(self) -> PoolStatus: ...
 
+    def block_age_status(self) -> BlockAgeStatus:
+        """The bound on an ID's age and the oldest block's age (the status page)."""
+        ...
+
     def leader_history(self, limit: int) -> list[TermRecord]:
         """The latest ``limit`` terms, newest first (the status page's last handovers)."""
         ...

@@ -20,7 +20,7 @@ from psycopg import IsolationLevel
 from psycopg.rows import TupleRow, class_row
 
 from allocator.core.errors import DatabaseError
-from allocator.core.records import PoolStatus, Replication, TermRecord
+from allocator.core.records import BlockAgeStatus, PoolStatus, Replication, TermRecord
 from allocator.fence.report import REBASE_HISTORY_LIMIT, RebaseRecord
 from allocator.postgres import sql
 from allocator.postgres.errors import translate, translated
@@ -276,6 +276,10 @@ class OperatorSession:
 
     def pool_status(self) -> PoolStatus:
         return self._one("read the pool status", sql.POOL_STATUS, {}, PoolStatus)
+
+    def block_age_status(self) -> BlockAgeStatus:
+        """``allocator.block_age_status`` (migration 0011; every role may read it)."""
+        return self._one("read the block age status", sql.BLOCK_AGE_STATUS, {}, BlockAgeStatus)
 
     def layout_clock(self) -> LayoutClock | None:
         """None before the first takeover recorded a layout."""

@@ -39,6 +39,14 @@ def test_status_says_claims_are_paused_by_whom_and_why(config: Config, db_url: s
     served = gather(config).to_json()
     assert served["pool"]["claims_paused"] is False
     assert served["claims_pause"] is None
+    # The bound on an ID's age (migration 0011): no leader of this release has written one.
+    assert served["block_age"] == {
+        "max_block_age_s": None,
+        "oldest_unclaimed_age_s": None,
+        "leader_serves": False,
+        "serve_aged_without_leader": None,
+        "heartbeat_at": None,
+    }
     pause(db_url)
     data = gather(config).to_json()
     assert data["pool"]["claims_paused"] is True
@@ -47,6 +55,7 @@ def test_status_says_claims_are_paused_by_whom_and_why(config: Config, db_url: s
     env = {"ALLOCATOR_ZOOKEEPER_HOSTS": config.zookeeper.hosts, "ALLOCATOR_POSTGRES_URL": db_url}
     text = CliRunner().invoke(cli.main, ["status"], env=env)
     assert text.exit_code == 0, text.output
+    assert "ID age      pool empty, no bound set yet; NO LEADER SERVES" in text.output
     assert f"!! CLAIMS PAUSED since {data['claims_pause']['paused_at']} by postgres: {REASON}" in (
         text.output
     )

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 from allocator.core.errors import DatabaseUnavailableError
-from allocator.core.records import PoolStatus, TermRecord
+from allocator.core.records import BlockAgeStatus, PoolStatus, TermRecord
 from allocator.node.cluster_view import HANDOVERS, ClusterView
 from allocator.zookeeper.calls import ZooKeeperCallTimeoutError
 from allocator.zookeeper.election import Contender, Identity, Queue
@@ -64,6 +64,11 @@ class Store:
             generation=1,
         )
 
+    def block_age_status(self) -> BlockAgeStatus:
+        if not self.reachable:
+            raise DatabaseUnavailableError("read the block age status: connection refused")
+        return BlockAgeStatus(300_000, True, ELECTED, True, 42_000)
+
     def leader_history(self, limit: int) -> list[TermRecord]:
         assert limit == HANDOVERS
         return [term(self.holder, self.epoch, False), term("b", self.epoch - 1, True)]
@@ -93,6 +98,13 @@ def test_a_read_shows_the_leader_since_its_term_began_the_queue_pool_and_handove
     assert [c["name"] for c in shown["contenders"]] == ["a", "b"]
     assert shown["pool"]["available_blocks"] == 40
     assert shown["pool"]["runway_s"] == 20.0
+    assert shown["block_age"] == {
+        "max_block_age_s": 300.0,
+        "oldest_unclaimed_age_s": 42.0,
+        "leader_serves": True,
+        "serve_aged_without_leader": True,
+        "heartbeat_at": ELECTED.isoformat(),
+    }
     assert [(t["holder"], t["end_reason"]) for t in shown["handovers"]] == [
         ("a", None),
         ("b", "stepped_down"),
@@ -124,6 +136,7 @@ def test_a_failing_source_keeps_its_last_answer_and_says_why() -> None:
     shown = view.to_json()
     assert shown["leader"]["name"] == "a"
     assert shown["pool"]["available_blocks"] == 40
+    assert shown["block_age"]["oldest_unclaimed_age_s"] == 42.0  # kept too
     assert shown["problems"] == [
         "election: no answer from ZooKeeper within 1 s",
         "database: read the pool status: connection refused",

@@ -17,7 +17,7 @@ from tests.output_schemas import SCHEMAS, SUFFIX, load, names
 
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
 OUTPUTS = {"status", "node-status", "cluster", "drill"}
-SHARED = ("timestamp", "leader", "contender", "election", "term")
+SHARED = ("timestamp", "leader", "contender", "election", "term", "block_age")
 """The ``$defs`` of ``status --json`` that ``/cluster`` repeats (each file stands alone)."""
 
 
