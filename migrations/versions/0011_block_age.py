@@ -56,7 +56,16 @@ Rules:
 * ``claimed_block_ages(after_ticket, upto_ticket, limit)`` (node role, read-only): the blocks
   handed out with tickets in that range, newest first, voided ones left out; the leader's
   sampling job turns them into the age at hand-out (``allocator_claimed_block_age_seconds``).
-* Downgrade: ``claim_blocks`` as 0010 left it, the new objects dropped.
+* Voids are not demand: every claim ticket drawn for a voided block (by ``claim_blocks`` or
+  ``void_aged_blocks``) also advances the sequence ``allocator.voided_tickets``; each
+  ``pool_samples`` row records it (a column default, so an older node's sample does too)
+  and ``pool_status``'s claim rate leaves those tickets out. Counting them would size the
+  pool by its own voids: after a burst, a pool cut for it would age out, its voids would
+  keep the rate up, and the refill would cut (and later void) as many again, for ever.
+* ``claim_blocks`` refuses consumer names beginning with ``allocator:`` (AL001): the ledger
+  marks voided blocks with that prefix, and the checker reads it as "not handed out".
+* Downgrade: ``claim_blocks`` and ``pool_status_row`` as 0010 left them, the new objects
+  dropped.
 """
 
 from __future__ import annotations

@@ -184,6 +184,7 @@ def test_a_batch_claim_skips_aged_blocks_among_its_tickets(admin: Conn) -> None:
     got = claim(admin, "app", 4)
     assert firsts(got) == {first for first, _ in fresh[:4]}
     assert voided_count(admin) == 2
+    assert voided_position(admin) == 2  # its two voided draws are counted as voids
 
 
 def test_a_claim_draws_at_most_a_fixed_number_of_extra_tickets(admin: Conn) -> None:
@@ -198,6 +199,8 @@ def test_a_claim_draws_at_most_a_fixed_number_of_extra_tickets(admin: Conn) -> N
         claim(admin, "app", 10)
     assert empty.value.sqlstate == EMPTY
     assert claim_position(admin) - before == 1 + MAX_EXTRA + 10 + MAX_EXTRA
+    # the voids rolled back with AL003, their draws still count as voids: no claim was served
+    assert voided_position(admin) == claim_position(admin) - before
     # AL003 rolled the claims' voids back (their tickets stay drawn): the leader's job
     # voids every aged block, wherever its ticket, and the fresh block is next in line.
     assert voided_count(admin) == 0
@@ -223,6 +226,45 @@ def test_the_leaders_void_moves_the_tickets_past_the_voided_blocks(admin: Conn) 
     assert void(admin) == 0
     assert claim(admin, "app") == [(101, fresh[0][0], fresh[0][1])]
     assert claim_position(admin) == before + 101  # no ticket wasted on a voided block
+
+
+def voided_position(conn: Conn) -> int:
+    row = conn.execute("SELECT allocator.voided_position()").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_the_claim_rate_counts_hand_outs_not_voids(admin: Conn) -> None:
+    """Voids draw tickets but are not demand: a rate that counted them would size the pool
+    by them, cut blocks that age out and are voided again, and never shrink."""
+    stock(admin, aged=60, fresh=40)
+    heartbeat(admin)
+    admin.execute("SELECT allocator.record_pool_sample()")
+    sampled = admin.execute(
+        "SELECT claim_position, voided_position FROM allocator.pool_samples"
+        " ORDER BY sampled_at DESC LIMIT 1"
+    ).fetchone()
+    assert sampled is not None
+    # the sample 2 s in the past, so the rate reads it (it reads samples 1-60 s old)
+    admin.execute(
+        "UPDATE allocator.pool_samples SET sampled_at = sampled_at - interval '2 seconds'"
+    )
+    assert void(admin, limit=40) == 40  # the leader's void draws 40 tickets
+    assert len(claim(admin, "app")) == 1  # a claim draws the other 20 aged ones
+    assert len(claim(admin, "app", 10)) == 10
+    position, voids = claim_position(admin), voided_position(admin)
+    assert position - int(sampled[0]) == 60 + 11
+    assert voids - int(sampled[1]) == 60
+    row = admin.execute("SELECT claim_rate_blocks_per_s FROM allocator.pool_status").fetchone()
+    assert row is not None
+    assert 0 < float(row[0]) <= 11 / 2  # 11 hand-outs in a little over 2 s; no void counted
+
+
+def test_consumer_names_of_the_system_are_refused(admin: Conn) -> None:
+    stock(admin, aged=0, fresh=2)
+    for name in ("allocator:voided-aged", "allocator:voided-by-reset", "allocator:app"):
+        assert sqlstate(admin, "SELECT * FROM allocator.claim_blocks(%s)", (name,)) == "AL001"
+    assert len(claim(admin, "allocator-app")) == 1  # only the prefix with its colon
 
 
 def test_the_void_runs_ahead_of_the_bound(admin: Conn) -> None:

@@ -1,6 +1,7 @@
 """The bound on an ID's age with real nodes (issue 22): a bound of 4 s, one claim a second for
 longer than that, a handover in the middle; the checker judges the run and catches a planted
-aged hand-out.
+aged hand-out. A leaderless stretch longer than the bound under both leaderless settings,
+ended by a restart.
 
 Rules: two nodes in threads against the session's ZooKeeper and a fresh database, with the
 fast settings of :mod:`tests.fixtures.nodes` (a 2 s session, a pool of 40 blocks refilled
@@ -109,3 +110,82 @@ def test_one_claim_a_second_never_gets_an_aged_block_across_a_handover(
     assert [v.invariant for v in found] == ["I7"]
     assert f"block {oldest.block_id} " in found[0].message
     assert "'planted'" in found[0].message
+
+
+def block_age_status(conn: psycopg.Connection[tuple[object, ...]]) -> tuple[object, ...]:
+    row = conn.execute(
+        "SELECT leader_serves, oldest_unclaimed_age_ms FROM allocator.block_age_status"
+    ).fetchone()
+    assert row is not None
+    return row
+
+
+def age_ms(first_id: int, claimed_at_ms: int) -> int:
+    return claimed_at_ms - LAYOUT.decode(first_id).timestamp_ms
+
+
+def claim_aged(conn: psycopg.Connection[tuple[object, ...]]) -> tuple[int, int] | str:
+    """One claim: (first ID, its age at hand-out in ms), or the SQLSTATE it was refused with."""
+    try:
+        row = conn.execute(
+            "SELECT c.first_id, floor(extract(epoch FROM statement_timestamp()) * 1000)::bigint"
+            " FROM allocator.claim_blocks('app') c"  # claimed_at is the statement's time
+        ).fetchone()
+    except psycopg.Error as exc:
+        return str(exc.sqlstate)
+    assert row is not None
+    first_id = int(str(row[0]))
+    return first_id, age_ms(first_id, int(str(row[1])))
+
+
+def served_claim(conn: psycopg.Connection[tuple[object, ...]]) -> tuple[int, int]:
+    """A claim retried on AL003, as a client would while the new leader voids and refills."""
+    served: tuple[int, int] = wait_for(
+        lambda: claimed if isinstance(claimed := claim_aged(conn), tuple) else None, "a claim"
+    )
+    return served
+
+
+@pytest.mark.parametrize("serve_aged", [True, False], ids=["serving", "refusing"])
+def test_a_leaderless_stretch_longer_than_the_bound_then_a_restart(
+    make_node: Callable[..., RunningNode], db_url: str, serve_aged: bool
+) -> None:
+    """Serving (the default): claims keep working and hand out blocks older than the bound
+    while no leader serves. Refusing: the pool holds blocks, yet claims answer AL003 rather
+    than break the bound. Either way the restarted node serves fresh blocks again and the
+    checker finds nothing wrong (a leaderless hand-out is outside every serving stretch)."""
+    settings = {**SETTINGS, "pool.serve_aged_blocks_without_leader": serve_aged}
+    node = make_node("a", **settings)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        wait_for(lambda: block_age_status(conn)[0] is True, "a's heartbeat")
+        node.stop()
+        wait_for(
+            lambda: (
+                (status := block_age_status(conn))[0] is False
+                and status[1] is not None
+                and int(str(status[1])) > BOUND_MS
+            ),
+            "no leader serving and the pool past the bound",
+        )
+        during = claim_aged(conn)
+        available = conn.execute("SELECT available_blocks FROM allocator.pool_status").fetchone()
+
+        make_node("a", **settings)  # the restart
+        wait_for(lambda: block_age_status(conn)[0] is True, "the restarted node's heartbeat")
+        after = [served_claim(conn) for _ in range(3)]
+        run = evidence.read(conn)
+
+    assert available is not None
+    assert int(str(available[0])) > 0
+    if serve_aged:
+        assert isinstance(during, tuple)
+        assert during[1] > BOUND_MS  # an older block: claims kept working
+    else:
+        assert during == "AL003"  # refused, though the pool holds blocks
+    assert all(age <= BOUND_MS for _first, age in after)
+    records = [
+        Claim(r.block_id, r.first_id, r.last_id, r.claimed_by)
+        for r in run.ledger
+        if r.claimed_by == "app"
+    ]
+    assert evidence.judge(records, run, layout=LAYOUT, max_clock_ahead_ms=1000) == []

@@ -179,6 +179,65 @@ COMMENT ON FUNCTION allocator.claim_blocks(text, integer) IS
     'time to 60 s (idle_in_transaction_session_timeout, transaction-local; a shorter session '
     'value is kept). Holds the shared advisory lock (1095520067, 4) until its transaction ends.';
 
+-- pool_status_row as 0007 (and 0009's jit = off) left it, before its column goes.
+CREATE OR REPLACE FUNCTION allocator.pool_status_row()
+RETURNS TABLE (
+    available_blocks bigint,
+    available_ids bigint,
+    claim_rate_blocks_per_s double precision,
+    runway_s double precision,
+    high_water_id bigint,
+    cut_position bigint,
+    claim_position bigint,
+    epoch bigint,
+    holder text,
+    generation bigint,
+    mark_ahead_ms bigint,
+    mark_lead_ms bigint
+)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off  -- migration 0009
+ROWS 1
+AS $fn$
+WITH position AS (
+    SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END AS claim_position
+      FROM allocator.claim_ticket s
+), rate AS (
+    SELECT (p.claim_position - s.claim_position)::double precision
+           / extract(epoch FROM clock_timestamp() - s.sampled_at)::double precision
+           AS blocks_per_s
+      FROM position p,
+           LATERAL (SELECT ps.claim_position, ps.sampled_at
+                      FROM allocator.pool_samples ps
+                     WHERE ps.sampled_at BETWEEN clock_timestamp() - interval '60 seconds'
+                                             AND clock_timestamp() - interval '1 second'
+                     ORDER BY ps.sampled_at
+                     LIMIT 1) s
+)
+SELECT a.blocks,
+       a.ids,
+       r.blocks_per_s,
+       CASE WHEN r.blocks_per_s > 0 THEN a.blocks / r.blocks_per_s END,
+       h.last_id,
+       h.last_ticket,
+       p.claim_position,
+       f.epoch,
+       f.holder,
+       f.generation,
+       allocator.id_time_ms(h.last_id) - allocator.db_now_ms(),
+       allocator.id_time_ms(h.last_id) - floor(extract(epoch FROM h.marked_at) * 1000)::bigint
+  FROM allocator.available_blocks() a
+ CROSS JOIN position p
+ CROSS JOIN allocator.high_water h
+ CROSS JOIN allocator.fence f
+  LEFT JOIN rate r ON true;
+$fn$;
+
+ALTER TABLE allocator.pool_samples DROP COLUMN voided_position;
+DROP FUNCTION allocator.voided_position();
+DROP SEQUENCE allocator.voided_tickets;
 DROP VIEW allocator.block_age_status;
 DROP VIEW allocator.serving_history;
 DROP FUNCTION allocator.block_age_status_row();

@@ -44,6 +44,27 @@ SELECT s.stretch_id, s.generation, s.epoch, s.max_block_age_ms, s.serve_aged_wit
        s.leader_stale_ms, s.first_at, s.last_at, s.heartbeats
   FROM allocator.serving_stretches s;
 
+-- Claim tickets drawn for voided blocks (by claim_blocks and by void_aged_blocks), so the
+-- claim rate counts hand-outs only: a void is not demand, and a rate that counted voids
+-- would size the pool by them, cut blocks that age out, void them again, and never shrink.
+-- A sequence: non-transactional like claim_ticket itself (a ticket drawn by a claim that
+-- rolls back stays drawn, and so does its count).
+CREATE SEQUENCE allocator.voided_tickets AS bigint;
+
+CREATE FUNCTION allocator.voided_position()
+RETURNS bigint
+LANGUAGE sql
+VOLATILE
+SET search_path = pg_catalog, pg_temp
+AS $fn$
+    SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END FROM allocator.voided_tickets s;
+$fn$;
+
+-- Every sample records the count beside the claim position, whoever inserts it (an older
+-- node's record_pool_sample names only its two columns: the default fills this one).
+ALTER TABLE allocator.pool_samples
+    ADD COLUMN voided_position bigint NOT NULL DEFAULT allocator.voided_position();
+
 -- The lowest first ID that is not aged now, or NULL when no bound is in force (no
 -- block_age row, or no layout recorded, or no leader serves and aged blocks are served
 -- then). Aged: the first ID's millisecond lies more than max_block_age_ms - p_ahead_ms
@@ -109,6 +130,11 @@ BEGIN
     END IF;
     IF consumer ~ '[[:cntrl:]\u2028\u2029]' THEN  -- C0, DEL, C1 and the Unicode line breaks
         RAISE EXCEPTION 'consumer name contains control characters' USING ERRCODE = 'AL001';
+    END IF;
+    -- This migration: 'allocator:' names the system's own voids in the ledger.
+    IF left(consumer, 10) = 'allocator:' THEN
+        RAISE EXCEPTION 'consumer names beginning with "allocator:" are reserved (voided blocks carry them)'
+            USING ERRCODE = 'AL001', HINT = 'pass the application''s name, e.g. ''orders-api''';
     END IF;
     IF n IS NULL OR n < 1 OR n > 1000 THEN
         RAISE EXCEPTION 'block count must be between 1 and 1000, got %', coalesce(n::text, 'NULL')
@@ -202,6 +228,7 @@ BEGIN
                  WHERE s.ticket = one_tk AND s.claimed_by = 'allocator:voided-aged') THEN
                 EXIT;  -- no block, or one held by someone else: the slow path
             END IF;
+            PERFORM nextval('allocator.voided_tickets');  -- this ticket drew a void
             extra := extra + 1;
             EXIT WHEN extra > max_extra;
         END LOOP;
@@ -236,6 +263,7 @@ BEGIN
                                      FOR UPDATE SKIP LOCKED);
             SELECT count(*) INTO skipped FROM allocator.blocks s
              WHERE s.ticket = ANY (tickets) AND s.claimed_by = 'allocator:voided-aged';
+            PERFORM nextval('allocator.voided_tickets') FROM generate_series(1, skipped);
             want := least(skipped, max_extra - extra, n - claimed);
             EXIT WHEN want <= 0;
             extra := extra + want;
@@ -488,6 +516,7 @@ BEGIN
         IF target > position THEN
             LOOP
                 drawn := nextval('allocator.claim_ticket');
+                PERFORM nextval('allocator.voided_tickets');
                 EXIT WHEN drawn >= target;
             END LOOP;
         END IF;
@@ -501,6 +530,65 @@ COMMENT ON FUNCTION allocator.void_aged_blocks(bigint, bigint, bigint, integer) 
     'oldest first, and moves the claim tickets past them. Node role.';
 
 -- -- what operators and applications read ------------------------------------------------------
+
+-- pool_status: the claim rate counts hand-outs only, voids left out (allocator.voided_tickets).
+-- Same columns; claim_position still counts every ticket drawn.
+CREATE OR REPLACE FUNCTION allocator.pool_status_row()
+RETURNS TABLE (
+    available_blocks bigint,
+    available_ids bigint,
+    claim_rate_blocks_per_s double precision,
+    runway_s double precision,
+    high_water_id bigint,
+    cut_position bigint,
+    claim_position bigint,
+    epoch bigint,
+    holder text,
+    generation bigint,
+    mark_ahead_ms bigint,
+    mark_lead_ms bigint
+)
+LANGUAGE sql
+SECURITY DEFINER
+SET search_path = pg_catalog, pg_temp
+SET jit = off  -- migration 0009
+ROWS 1
+AS $fn$
+WITH position AS (
+    SELECT CASE WHEN s.is_called THEN s.last_value ELSE 0 END AS claim_position,
+           allocator.voided_position() AS voided_position
+      FROM allocator.claim_ticket s
+), rate AS (
+    SELECT ((p.claim_position - p.voided_position)
+            - (s.claim_position - s.voided_position))::double precision
+           / extract(epoch FROM clock_timestamp() - s.sampled_at)::double precision
+           AS blocks_per_s
+      FROM position p,
+           LATERAL (SELECT ps.claim_position, ps.voided_position, ps.sampled_at
+                      FROM allocator.pool_samples ps
+                     WHERE ps.sampled_at BETWEEN clock_timestamp() - interval '60 seconds'
+                                             AND clock_timestamp() - interval '1 second'
+                     ORDER BY ps.sampled_at
+                     LIMIT 1) s
+)
+SELECT a.blocks,
+       a.ids,
+       r.blocks_per_s,
+       CASE WHEN r.blocks_per_s > 0 THEN a.blocks / r.blocks_per_s END,
+       h.last_id,
+       h.last_ticket,
+       p.claim_position,
+       f.epoch,
+       f.holder,
+       f.generation,
+       allocator.id_time_ms(h.last_id) - allocator.db_now_ms(),
+       allocator.id_time_ms(h.last_id) - floor(extract(epoch FROM h.marked_at) * 1000)::bigint
+  FROM allocator.available_blocks() a
+ CROSS JOIN position p
+ CROSS JOIN allocator.high_water h
+ CROSS JOIN allocator.fence f
+  LEFT JOIN rate r ON true;
+$fn$;
 
 -- The one row of block_age_status (the view calls it, as pool_status calls pool_status_row).
 -- Always one row: NULL settings before a leader of this release wrote a heartbeat.
@@ -582,6 +670,8 @@ ALTER TABLE allocator.serving_stretches OWNER TO allocator_owner;
 ALTER VIEW allocator.serving_history OWNER TO allocator_owner;
 ALTER VIEW allocator.block_age_status OWNER TO allocator_owner;
 ALTER FUNCTION allocator.age_bound_id(bigint, boolean) OWNER TO allocator_owner;
+ALTER SEQUENCE allocator.voided_tickets OWNER TO allocator_owner;
+ALTER FUNCTION allocator.voided_position() OWNER TO allocator_owner;
 ALTER FUNCTION allocator.claim_blocks_expiring(text, integer) OWNER TO allocator_owner;
 ALTER FUNCTION allocator.leader_heartbeat(bigint, bigint, bigint, boolean, bigint)
     OWNER TO allocator_owner;
@@ -592,7 +682,9 @@ ALTER FUNCTION allocator.claimed_block_ages(bigint, bigint, integer) OWNER TO al
 REVOKE ALL ON allocator.block_age, allocator.serving_stretches, allocator.serving_history,
     allocator.block_age_status
     FROM PUBLIC;
+REVOKE ALL ON allocator.voided_tickets FROM PUBLIC;
 REVOKE ALL ON FUNCTION allocator.age_bound_id(bigint, boolean),
+    allocator.voided_position(),
     allocator.claim_blocks_expiring(text, integer),
     allocator.leader_heartbeat(bigint, bigint, bigint, boolean, bigint),
     allocator.void_aged_blocks(bigint, bigint, bigint, integer),
