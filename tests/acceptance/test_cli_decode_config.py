@@ -103,7 +103,7 @@ def test_decode_bad_ids(args: list[str], message: str) -> None:
 def test_config_check_valid() -> None:
     result = run("config", "check")
     assert result.returncode == 0, result.stderr
-    assert "[pool]\nmin_blocks = 16384\n" in result.stdout
+    assert "[pool]\nmin_blocks = 6144\n" in result.stdout
     assert "time bits run out on 2089-09-06T15:47:35.551Z" in result.stdout
     # 1,000,000 blocks over a 10 s session + 5 s margin
     assert "covers a handover of 15 s" in result.stdout

@@ -13,9 +13,10 @@ node's seams, never through a switch in the product (DESIGN §11):
   sometimes found nothing to catch);
 - :class:`UnsafeNodeDatabase`: blocks are written by a plain INSERT (superuser URL needed),
   bypassing ``cut_blocks``' fence, mark, layout and clock checks; fenced maintenance
-  writes that fail are ignored. With ``--ignore-clock`` it also reports that the node's
-  clock agrees with the database's whatever it says (run it under libfaketime to move the
-  mark ahead: the checker's clock rule must catch it);
+  writes that fail (requeue, prune, the heartbeat, the aging void) are ignored. With
+  ``--ignore-clock`` it also reports that the node's clock agrees with the database's
+  whatever it says (run it under libfaketime to move the mark ahead: the checker's clock
+  rule must catch it);
 - with ``--linger-s S``, :class:`LingeringLeaderJobs`: when the term ends (a step-down, say)
   the jobs keep running for S more seconds, so the node goes on writing with its old token
   while its successor writes with the new one. ``allocator drill --scenario step-down`` on a
@@ -30,12 +31,13 @@ import argparse
 import threading
 import time
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 
 from allocator.commands.run import build_node, load, serve
 from allocator.core import cutter, logs
 from allocator.core.errors import DatabaseError, FencedError
 from allocator.core.leadership import Term
-from allocator.core.records import ClockReading, CommitCheck, CutResult
+from allocator.core.records import BlockAgeBound, ClockReading, CommitCheck, CutResult
 from allocator.fence import Token
 from allocator.postgres.store import NodeDatabase
 from jobs import refill
@@ -192,6 +194,29 @@ class UnsafeNodeDatabase(NodeDatabase):
     ) -> int:
         try:
             return super().prune_claimed(token, retention_s, limit, commit_if)
+        except FencedError:
+            return 0
+
+    def leader_heartbeat(
+        self,
+        token: Token,
+        bound: BlockAgeBound,
+        commit_if: CommitCheck | None = None,
+    ) -> datetime:
+        try:
+            return super().leader_heartbeat(token, bound, commit_if)
+        except FencedError:  # the refill writes it first: a stale one must not stop the cut
+            return datetime.now(UTC)
+
+    def void_aged_blocks(
+        self,
+        token: Token,
+        ahead_ms: int,
+        limit: int,
+        commit_if: CommitCheck | None = None,
+    ) -> int:
+        try:
+            return super().void_aged_blocks(token, ahead_ms, limit, commit_if)
         except FencedError:
             return 0
 

@@ -157,6 +157,7 @@ def world(monkeypatch: pytest.MonkeyPatch) -> _World:
 
     monkeypatch.setattr(status_mod, "read_status", lambda *a, **k: (pool, []))
     monkeypatch.setattr(status_mod, "read_rebases", lambda *a, **k: [])
+    monkeypatch.setattr(status_mod, "read_block_age", lambda *a, **k: None)
     monkeypatch.setattr(
         status_mod, "zookeeper_client", lambda config, **k: holder.ensemble.client(auth=AUTH)
     )
