@@ -81,12 +81,28 @@ def wait_synchronous(port: int, superuser: str, deadline: float) -> None:
         time.sleep(READY_POLL_INTERVAL_S)
 
 
-def promote(port: int, superuser: str) -> None:
-    """Promote the standby on ``port`` (``pg_promote``, waiting until it accepts writes)."""
-    try:
-        row = _query_one(port, superuser, "SELECT pg_promote(true, %s)", (PROMOTE_TIMEOUT_S,))
-    except psycopg.Error as exc:
-        raise LocalClusterError(f"could not promote the standby on port {port}") from exc
+def _not_accepting_yet(exc: psycopg.Error) -> bool:
+    """The server refuses connections for now: starting up, or restarting after a crash of
+    one of its processes (SQLSTATE 57P03, "the database system is in recovery mode")."""
+    return exc.sqlstate == "57P03" or "the database system is" in str(exc)
+
+
+def promote(port: int, superuser: str, timeout_s: float = PROMOTE_TIMEOUT_S) -> None:
+    """Promote the standby on ``port`` (``pg_promote``, waiting until it accepts writes).
+
+    A standby that is restarting (after a crash of its WAL receiver, say: PostgreSQL restarts
+    every process then) refuses connections until it is consistent again; promotion waits
+    for it, within ``timeout_s``, rather than fail on the first refusal."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            row = _query_one(port, superuser, "SELECT pg_promote(true, %s)", (PROMOTE_TIMEOUT_S,))
+            break
+        except psycopg.Error as exc:
+            if _not_accepting_yet(exc) and time.monotonic() < deadline:
+                time.sleep(READY_POLL_INTERVAL_S)
+                continue
+            raise LocalClusterError(f"could not promote the standby on port {port}") from exc
     if not row or not row[0]:
         raise LocalClusterError(
             f"the standby on port {port} did not finish its promotion within {PROMOTE_TIMEOUT_S} s"
