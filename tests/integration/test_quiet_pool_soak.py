@@ -6,8 +6,8 @@ second for ``ALLOCATOR_QUIET_POOL_S`` (default 600 s: the leader voids blocks 30
 bound, so a pool cut at once is voided at once about every 270 s, and 600 s sees two such
 voids). Every 5 s it records the pool level. At the end it counts, from the ledger, the
 blocks the leader voided (``allocator:voided-aged``) and when, grouped into bursts (voids
-less than a minute apart): the measured rate is the voids of every burst but the last, over
-the time from the first burst to the last, so it spans whole cycles. Beside it the
+less than half a void cycle apart): the measured rate is the voids of every burst but the
+last, over the time from the first burst to the last, so it spans whole cycles. Beside the
 steady-state estimate: the pool turns over ``held / (bound - ahead)`` blocks a second, of
 which the claim rate is claimed. Every claim is checked against the bound.
 
@@ -54,8 +54,10 @@ OLDEST_HAND_OUT = (
 )
 
 
-def void_bursts(voids: list[tuple[float, int]], gap_s: float = 60.0) -> list[tuple[float, int]]:
-    """Voids per second grouped into bursts (no gap over ``gap_s``): (start, blocks)."""
+def void_bursts(voids: list[tuple[float, int]]) -> list[tuple[float, int]]:
+    """Voids per second grouped into bursts, no gap within one longer than half a cycle
+    (``BOUND_S - AHEAD_S``, the time between voids of one pool cut at once): (start, blocks)."""
+    gap_s = (BOUND_S - AHEAD_S) / 2
     bursts: list[tuple[float, int]] = []
     last_at = None
     for at, count in voids:
