@@ -181,7 +181,7 @@ def _story(
         f"  handover time       {handover_s:.2f} s after SIGKILL "
         f"(session timeout {info.session_timeout_ms} ms)"
     )
-    click.echo(f"  violations          {len(violations)} (I1-I5: allocator.verify)")
+    click.echo(f"  violations          {len(violations)} (I1-I5 and I7: allocator.verify)")
     for violation in violations:
         click.echo(f"    {violation}")
     click.echo(

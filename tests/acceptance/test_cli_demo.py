@@ -39,7 +39,7 @@ def test_demo_runs_and_stops_every_process_it_started() -> None:
         shutil.rmtree(state_dir, ignore_errors=True)
     assert result.returncode == 0, result.stderr
     assert "handover:" in result.stdout
-    assert "violations          0 (I1-I5: allocator.verify)" in result.stdout
+    assert "violations          0 (I1-I5 and I7: allocator.verify)" in result.stdout
     assert "processes left running: 0" in result.stdout
     (stopped,) = [line for line in result.stdout.splitlines() if "stopped pids:" in line]
     pids = [int(pid) for pid in stopped.split("stopped pids:")[1].split(";")[0].split()]
