@@ -14,15 +14,15 @@ Rules:
 - Something voided: counted (``allocator_blocks_voided_aged_total``), and the refill is
   woken (``ctx.wake_refill``), so the pool is cut back up at once instead of at the next
   interval.
-- Errors as in :mod:`jobs.retention`: fenced ends the term, a write abandoned (leadership in
-  doubt) or a database unavailable waits for the next run.
+- The batch loop and its errors are :mod:`jobs.batches`' (fenced ends the term, a write
+  abandoned or a database unavailable waits for the next run).
 """
 
 from __future__ import annotations
 
 from allocator.config import block_age
 from allocator.core import logs
-from allocator.core.errors import DatabaseUnavailableError, FencedError, WriteAbandonedError
+from jobs.batches import write_in_batches
 from jobs.context import LeaderContext
 
 log = logs.get_logger(__name__)
@@ -33,27 +33,18 @@ MAX_BATCHES_PER_RUN = 20
 
 def run(ctx: LeaderContext) -> int:
     """One aging run; returns the number of blocks voided."""
-    voided = 0
     ahead_ms = block_age.void_ahead_ms(ctx.config)
-    with ctx.busy:
-        try:
-            for _ in range(MAX_BATCHES_PER_RUN):
-                if not ctx.term.may_write():
-                    break
-                n = ctx.db.void_aged_blocks(
-                    ctx.term.token, ahead_ms, BATCH_BLOCKS, commit_if=ctx.term.may_write
-                )
-                ctx.hooks.health.write_succeeded()
-                voided += n
-                if n < BATCH_BLOCKS:
-                    break
-        except FencedError as exc:
-            ctx.metrics.fenced_writes_rejected.inc()
-            ctx.hooks.on_fenced(exc)
-        except WriteAbandonedError:
-            ctx.metrics.writes_abandoned.inc()
-        except DatabaseUnavailableError as exc:
-            log.warning("aging_failed", epoch=ctx.term.epoch, error=str(exc))
+    voided = write_in_batches(
+        ctx,
+        lambda limit: ctx.db.void_aged_blocks(
+            ctx.term.token, ahead_ms, limit, commit_if=ctx.term.may_write
+        ),
+        batch_blocks=BATCH_BLOCKS,
+        max_batches=MAX_BATCHES_PER_RUN,
+        on_unavailable=lambda exc: log.warning(
+            "aging_failed", epoch=ctx.term.epoch, error=str(exc)
+        ),
+    )
     if voided:
         ctx.metrics.blocks_voided_aged.inc(voided)
         log.info("aged_blocks_voided", epoch=ctx.term.epoch, blocks=voided, ahead_ms=ahead_ms)

@@ -10,7 +10,7 @@ Pruning never lowers the high-water mark, so I1/I2 hold for pruned blocks too.
 from __future__ import annotations
 
 from allocator.core import logs
-from allocator.core.errors import DatabaseUnavailableError, FencedError, WriteAbandonedError
+from jobs.batches import write_in_batches
 from jobs.context import LeaderContext
 
 log = logs.get_logger(__name__)
@@ -21,29 +21,17 @@ MAX_BATCHES_PER_RUN = 20
 
 def run(ctx: LeaderContext) -> int:
     """One retention run; returns the number of blocks deleted."""
-    deleted = 0
-    with ctx.busy:
-        try:
-            for _ in range(MAX_BATCHES_PER_RUN):
-                if not ctx.term.may_write():
-                    break
-                n = ctx.db.prune_claimed(
-                    ctx.term.token,
-                    ctx.config.pool.retention_s,
-                    BATCH_BLOCKS,
-                    commit_if=ctx.term.may_write,
-                )
-                ctx.hooks.health.write_succeeded()
-                deleted += n
-                if n < BATCH_BLOCKS:
-                    break
-        except FencedError as exc:
-            ctx.metrics.fenced_writes_rejected.inc()
-            ctx.hooks.on_fenced(exc)
-        except WriteAbandonedError:
-            ctx.metrics.writes_abandoned.inc()
-        except DatabaseUnavailableError as exc:
-            log.warning("retention_failed", epoch=ctx.term.epoch, error=str(exc))
+    deleted = write_in_batches(
+        ctx,
+        lambda limit: ctx.db.prune_claimed(
+            ctx.term.token, ctx.config.pool.retention_s, limit, commit_if=ctx.term.may_write
+        ),
+        batch_blocks=BATCH_BLOCKS,
+        max_batches=MAX_BATCHES_PER_RUN,
+        on_unavailable=lambda exc: log.warning(
+            "retention_failed", epoch=ctx.term.epoch, error=str(exc)
+        ),
+    )
     if deleted:
         log.info("retention", epoch=ctx.term.epoch, deleted=deleted)
     return deleted
