@@ -130,49 +130,34 @@ class PostgresClaimer:
             self.close()
         params = {"consumer": consumer, "n": n}
         try:
-            if isinstance(self._source, ConnectionPool):
-                rows = self._claim_pooled(self._source, params)
-            else:
-                rows = self._claim_on(self._connection(), params)
+            if not isinstance(self._source, ConnectionPool):
+                self._connection()  # first: a new connection asks again which function
+            if self._expiring is not False:
+                try:
+                    rows = self._execute(CLAIM_BLOCKS_EXPIRING, params)
+                except psycopg.Error as exc:
+                    if not _lacks_expiring(exc):
+                        raise
+                    self._expiring = False
+                else:
+                    self._expiring = True
+                    return _blocks_of(rows)
+            rows = self._execute(CLAIM_BLOCKS, params)
         except psycopg.Error as exc:
             if (exc.sqlstate or "") not in KEEP_CONNECTION_SQLSTATES:
                 self.close()  # the connection may be broken: the next claim reconnects
             raise translate_claim_error(exc) from exc
         return _blocks_of(rows)
 
-    def _claim_on(
-        self, conn: psycopg.Connection[TupleRow], params: dict[str, Any]
-    ) -> list[TupleRow]:
-        """Claim over the own connection (autocommit: after a failed lookup it is idle)."""
-        if self._expiring is not False:
-            try:
-                rows = conn.execute(CLAIM_BLOCKS_EXPIRING, params).fetchall()
-            except psycopg.Error as exc:
-                if not _lacks_expiring(exc):
-                    raise
-                self._expiring = False
-            else:
-                self._expiring = True
-                return rows
-        return conn.execute(CLAIM_BLOCKS, params).fetchall()
-
-    def _claim_pooled(self, pool: ConnectionPool[Any], params: dict[str, Any]) -> list[TupleRow]:
-        """Claim over a borrowed connection; a failed lookup may have aborted its
-        transaction, so the fallback borrows again (the pool rolls the first one back)."""
-        if self._expiring is not False:
-            try:
-                with pool.connection() as conn:
-                    rows: list[TupleRow] = conn.execute(CLAIM_BLOCKS_EXPIRING, params).fetchall()
-            except psycopg.Error as exc:
-                if not _lacks_expiring(exc):
-                    raise
-                self._expiring = False
-            else:
-                self._expiring = True
-                return rows
-        with pool.connection() as conn:
-            fallback: list[TupleRow] = conn.execute(CLAIM_BLOCKS, params).fetchall()
-        return fallback
+    def _execute(self, statement: str, params: dict[str, Any]) -> list[TupleRow]:
+        """One claim statement over a borrowed connection (each its own: a failed lookup may
+        have aborted the first one's transaction, and the pool rolls it back) or the own one
+        (autocommit: idle again after a failed lookup)."""
+        if isinstance(self._source, ConnectionPool):
+            with self._source.connection() as pooled:
+                rows: list[TupleRow] = pooled.execute(statement, params).fetchall()
+            return rows
+        return self._connection().execute(statement, params).fetchall()
 
     def _connection(self) -> psycopg.Connection[TupleRow]:
         if self._conn is None or self._conn.closed:
