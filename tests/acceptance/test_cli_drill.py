@@ -13,7 +13,9 @@ handover times belong to the drill's report, not to tests. The broken nodes are 
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import signal
 import struct
 import subprocess
 import sys
@@ -42,8 +44,11 @@ DESIGN_KEYS = {
     "claim_errors",
 }
 DRILL_TIMEOUT_S = 240
-ALL_SCENARIOS_TIMEOUT_S = 600
+ALL_SCENARIOS_TIMEOUT_S = 270
+"""Under pytest's own timeout (300 s), so a stuck drill is stopped here and shows where."""
 LOCAL_TIMEOUT_S = 120
+STACK_DUMP_TIMEOUT_S = 10
+STUCK_LINES_SHOWN = 150
 LINGER_S = 5
 """How long a broken node keeps writing with its old token after it stepped down: past the
 end of the drill's rounds."""
@@ -76,16 +81,11 @@ def test_every_scenario_once_passes_writes_a_report_and_stops_everything(
     while PostgreSQL itself is down; the report is written; nothing is left running."""
     out = tmp_path / "drill.json"
     report_dir = tmp_path / "report"
-    done = subprocess.run(
-        [
-            ALLOCATOR, "drill", "--scenario", "all", "--rounds", "1", "--zk", "1",
-            "--session-timeout", "2s", "--json", "--state-dir", str(state_dir),
-            "--json-out", str(out), "--report", str(report_dir),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=ALL_SCENARIOS_TIMEOUT_S,
-        check=False,
+    done = allocator(
+        "drill", "--scenario", "all", "--rounds", "1", "--zk", "1",
+        "--session-timeout", "2s", "--json", "--state-dir", str(state_dir),
+        "--json-out", str(out), "--report", str(report_dir),
+        timeout_s=ALL_SCENARIOS_TIMEOUT_S,
     )  # fmt: skip
     assert done.returncode == 0, f"drill failed ({done.returncode}): {done.stderr}"
     data: dict[str, Any] = json.loads(done.stdout)
@@ -145,9 +145,24 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 def allocator(*args: str, timeout_s: float = LOCAL_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [ALLOCATOR, *args], capture_output=True, text=True, timeout=timeout_s, check=False
-    )
+    """Run the CLI; one that overruns ``timeout_s`` is made to print every thread's stack
+    (faulthandler, on SIGABRT) and the test fails with the end of what it printed."""
+    env = {**os.environ, "PYTHONFAULTHANDLER": "1"}
+    with subprocess.Popen(
+        [ALLOCATOR, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    ) as process:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGABRT)
+            try:
+                _, stderr = process.communicate(timeout=STACK_DUMP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                _, stderr = process.communicate()
+            tail = "\n".join(stderr.splitlines()[-STUCK_LINES_SHOWN:])
+            pytest.fail(f"allocator {shlex.join(args)} still running after {timeout_s} s:\n{tail}")
+    return subprocess.CompletedProcess([ALLOCATOR, *args], process.returncode, stdout, stderr)
 
 
 def test_step_down_drill_on_nodes_with_a_broken_fence_fails_and_names_the_violation(
