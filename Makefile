@@ -36,7 +36,7 @@ lint: venv
 	$(BIN)/mypy --strict allocator jobs
 
 test: test-deps venv lint
-	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
 
 unit: venv
 	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
