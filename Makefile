@@ -1,4 +1,6 @@
 # Two entry points (see README): `make demo` runs the system, `make test` runs every check.
+# `make check` is the fast tier: lint, types and every test that needs no server (no Java,
+# no PostgreSQL), for a contributor's edit-test loop.
 # Both install what they need first: Debian packages (scripts/install-system-deps.sh) and a
 # virtualenv with the project (.venv).
 
@@ -10,7 +12,7 @@ PYTEST_ARGS ?=
 # own ZooKeeper and PostgreSQL (tests/fixtures/cluster.py). PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: all demo test lint unit integration system-deps test-deps venv clean
+.PHONY: all demo test check lint unit system-deps test-deps venv clean
 
 all: test
 
@@ -38,8 +40,13 @@ lint: venv
 test: test-deps venv lint
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
 
+# Tests that ask for the servers must be marked `integration` (tests/conftest.py refuses to
+# collect them otherwise), so deselecting the marker leaves no server to start.
+check: venv lint
+	$(BIN)/pytest -n $(PYTEST_WORKERS) -m "not integration" $(PYTEST_ARGS)
+
 unit: venv
-	$(BIN)/pytest tests/unit $(PYTEST_ARGS)
+	$(BIN)/pytest tests/unit -m "not integration" $(PYTEST_ARGS)
 
 demo: system-deps venv
 	$(BIN)/allocator demo

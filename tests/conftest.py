@@ -29,6 +29,8 @@ pytest_plugins = [
 ]
 
 SOAK_ENV = "ALLOCATOR_SOAK"
+SERVER_FIXTURES_MODULE = "tests.fixtures.cluster"
+"""Where the session's ZooKeeper and PostgreSQL start: every server fixture depends on it."""
 
 
 @pytest.fixture(autouse=True)
@@ -49,7 +51,29 @@ def process_logging_restored() -> Iterator[None]:
     threading.excepthook, sys.unraisablehook = hooks
 
 
+def _starts_servers(item: pytest.Item) -> bool:
+    """Whether the item's fixtures, followed through, reach the session's servers."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(  # the last definition of a name is the one in force (a test may override)
+        definitions[-1].func.__module__ == SERVER_FIXTURES_MODULE
+        for definitions in info.name2fixturedefs.values()
+        if definitions
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    unmarked = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("integration") is None and _starts_servers(item)
+    ]
+    if unmarked:
+        # `make check` runs `-m "not integration"` and promises no servers: keep it true.
+        raise pytest.UsageError(
+            "these tests start the servers but are not marked integration: " + ", ".join(unmarked)
+        )
     if os.environ.get(SOAK_ENV) == "1":
         return
     skip = pytest.mark.skip(reason=f"soak test: set {SOAK_ENV}=1 to run it")

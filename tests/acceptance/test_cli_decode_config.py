@@ -209,6 +209,7 @@ def test_migrate_to_base_is_never_confirmed_by_the_environment() -> None:
     assert "add --yes" not in result.stderr
 
 
+@pytest.mark.integration
 def test_config_check_database_refuses_asynchronous_replication(
     db_url: str, async_standby_slot: str
 ) -> None:
@@ -231,6 +232,7 @@ def test_config_check_database_refuses_asynchronous_replication(
     assert any("allow_async_replication is set" in w for w in document["warnings"])
 
 
+@pytest.mark.integration
 def test_config_check_database_without_standbys_is_valid(db_url: str) -> None:
     env = {"ALLOCATOR_POSTGRES_URL": db_url, "ALLOCATOR_ZOOKEEPER_AUTH": "zk:zkpass"}
     result = run("config", "check", "--database", "--json", env=env)

@@ -11,10 +11,14 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from allocator.node import EXIT_OK
 from allocator.session import file as session_file
 from allocator.session import reaper
 from tests.fixtures.nodes import RunningNode, wait_for
+
+pytestmark = pytest.mark.integration
 
 
 def test_a_node_leaves_a_session_file_it_did_not_write(
