@@ -1,12 +1,13 @@
 """Applied migrations are never edited (issue 23): ``migrations/applied.sha256`` holds the
 sha256 of every file of every revision (``sha256sum -c migrations/applied.sha256`` checks it
-from the repository's root)."""
+from the repository's root), and ``migrations/schema.sql`` is at the head revision."""
 
 from __future__ import annotations
 
 import hashlib
 from pathlib import Path
 
+from allocator.local import schema_snapshot
 from allocator.postgres import migrate
 
 ROOT = migrate.MIGRATIONS_DIR.parent
@@ -51,4 +52,11 @@ def test_every_revision_file_is_in_the_manifest() -> None:
     assert not missing, (
         "a new revision's files go into migrations/applied.sha256 in the change that adds "
         f"them (a revision is final once merged); append:\n{lines}"
+    )
+
+
+def test_the_snapshot_is_at_the_head_revision() -> None:
+    first_line = schema_snapshot.SNAPSHOT.read_text(encoding="utf-8").splitlines()[0]
+    assert first_line.endswith(f"at revision {migrate.head_revision()}."), (
+        "migrations/schema.sql is behind the migrations: run `make schema-snapshot`"
     )
