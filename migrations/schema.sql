@@ -1,4 +1,4 @@
--- migrations/schema.sql: the schema `allocator migrate` makes, at revision 0011.
+-- migrations/schema.sql: the schema `allocator migrate` makes, at revision 0012.
 --
 -- Generated: never edit it, and never apply it in place of the migrations (a database loaded
 -- from it has no Alembic version; databases are made and changed by `allocator migrate`
@@ -55,7 +55,7 @@ ALTER SCHEMA allocator OWNER TO allocator_owner;
 -- Name: SCHEMA allocator; Type: COMMENT; Schema: -; Owner: allocator_owner
 --
 
-COMMENT ON SCHEMA allocator IS 'Snowflake ID block allocator (see DESIGN.md section 6)';
+COMMENT ON SCHEMA allocator IS 'Snowflake ID block allocator (see docs/design.md §6)';
 
 
 --
