@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # own ZooKeeper and PostgreSQL (tests/fixtures/cluster.py). PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: all demo test check lint unit system-deps test-deps venv clean
+.PHONY: all demo test check lint unit system-deps test-deps venv clean schema-snapshot
 
 all: test
 
@@ -50,6 +50,10 @@ unit: venv
 
 demo: system-deps venv
 	$(BIN)/allocator demo
+
+# migrations/schema.sql: the schema the migrations make, from a throwaway PostgreSQL server.
+schema-snapshot: venv
+	$(BIN)/python -m allocator.local.schema_snapshot
 
 clean:
 	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis

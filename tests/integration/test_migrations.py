@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import difflib
+
 import psycopg
 import pytest
 from alembic import command
 
 from allocator.core.errors import DatabaseUnavailableError
+from allocator.local import postgres, schema_snapshot
 from allocator.postgres import migrate
 from tests.fixtures.pg import claim, cut, take_fence
 
@@ -436,3 +439,34 @@ def test_0011_expands_only_grants_each_role_its_part_and_downgrades_to_0010_exac
         assert claim(conn, "after-upgrade") == [(3, 300, 399)]  # no heartbeat survived
         row = conn.execute("SELECT leader_serves FROM allocator.block_age_status").fetchone()
         assert row == (False,)
+
+
+def test_0012_repoints_the_schema_comment_to_docs_design_and_changes_nothing_else(
+    empty_db_url: str,
+) -> None:
+    """Comments only: the whole dump at 0012 differs from 0011's in the schema's comment
+    alone, no comment cites the shared folder's DESIGN.md any more, and the downgrade
+    restores 0011's dump exactly."""
+    config = migrate._alembic_config(empty_db_url)
+    bin_dir = postgres.find_bin_dir()
+    command.upgrade(config, "0011")
+    before = schema_snapshot.pg_dump(bin_dir, empty_db_url).splitlines()
+    command.upgrade(config, "0012")
+    after = schema_snapshot.pg_dump(bin_dir, empty_db_url).splitlines()
+    changed = [line for line in difflib.ndiff(before, after) if line[:1] in "+-"]
+    comment = "COMMENT ON SCHEMA allocator IS 'Snowflake ID block allocator"
+    assert changed == [
+        f"- {comment} (see DESIGN.md section 6)';",
+        f"+ {comment} (see docs/design.md §6)';",
+    ]
+    with psycopg.connect(empty_db_url) as conn:
+        citing = conn.execute(
+            "SELECT count(*) FROM pg_description"
+            " WHERE description ~ 'DESIGN|shared folder' AND objoid IN"
+            " (SELECT oid FROM pg_namespace WHERE nspname = 'allocator'"
+            "  UNION SELECT oid FROM pg_class WHERE relnamespace = 'allocator'::regnamespace"
+            "  UNION SELECT oid FROM pg_proc WHERE pronamespace = 'allocator'::regnamespace)"
+        ).fetchone()
+    assert citing == (0,)
+    command.downgrade(config, "0011")
+    assert schema_snapshot.pg_dump(bin_dir, empty_db_url).splitlines() == before
