@@ -41,12 +41,12 @@ from allocator.core.records import (
     CutResult,
     FenceState,
     PoolStatus,
+    Rebase,
     Replication,
     Takeover,
     TermRecord,
 )
 from allocator.fence import BIGINT_MAX, Token, Watermark, database_behind
-from allocator.postgres.operator import Rebase
 
 LayoutRecord = Mapping[str, int]
 """What the database records of a layout: :meth:`Layout.record` (migration 0003)."""
