@@ -479,7 +479,7 @@ class FakeDatabase:
                 available_blocks=len(available),
                 available_ids=sum(b.last_id - b.first_id + 1 for b in available),
                 claim_rate_blocks_per_s=rate,
-                runway_s=len(available) / rate if rate else None,
+                runway_s=len(available) / rate if rate is not None and rate > 0 else None,
                 high_water_id=state.last_id,
                 cut_position=state.last_ticket,
                 claim_position=state.claim_position,
