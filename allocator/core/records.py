@@ -80,6 +80,15 @@ class TermRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class Rebase:
+    """What ``allocator.rebase_fence`` did (the operator's ``allocator fence rebase``)."""
+
+    old_generation: int
+    old_epoch: int
+    new_generation: int
+
+
+@dataclass(frozen=True, slots=True)
 class FenceState:
     """Who holds the fence: token (0, 0) and no holder before the first takeover."""
 

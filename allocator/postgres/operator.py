@@ -20,7 +20,7 @@ from psycopg import IsolationLevel
 from psycopg.rows import TupleRow, class_row
 
 from allocator.core.errors import DatabaseError
-from allocator.core.records import BlockAgeStatus, PoolStatus, Replication, TermRecord
+from allocator.core.records import BlockAgeStatus, PoolStatus, Rebase, Replication, TermRecord
 from allocator.fence.report import REBASE_HISTORY_LIMIT, RebaseRecord
 from allocator.postgres import sql
 from allocator.postgres.errors import translate, translated
@@ -41,15 +41,6 @@ class Reset:
     voided_blocks: int
     old_high_water_id: int
     new_high_water_id: int
-    old_generation: int
-    old_epoch: int
-    new_generation: int
-
-
-@dataclass(frozen=True, slots=True)
-class Rebase:
-    """What ``allocator.rebase_fence`` did."""
-
     old_generation: int
     old_epoch: int
     new_generation: int

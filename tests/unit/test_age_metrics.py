@@ -2,20 +2,20 @@
 histogram, the aging job counts what it voids (:mod:`jobs.sampling`, :mod:`jobs.aging`,
 :mod:`allocator.metrics`).
 
-Rules: no servers; the fake store answers ``block_age_status`` and selects the claimed blocks
-by ticket as the real function does.
+Rules: no servers; the fake store keeps blocks, claims and the heartbeat as the real functions
+do (tests/contract/test_store_contract.py), on a database clock the test moves.
 """
 
 from __future__ import annotations
 
 import math
 
-from allocator.config import load_config
+from allocator.config import block_age, load_config
 from allocator.core.errors import DatabaseUnavailableError
 from allocator.core.health import NodeHealth
 from allocator.core.layout import Layout
 from allocator.core.leadership import SessionGuard, Term
-from allocator.core.records import BlockAgeStatus, ClaimedBlock
+from allocator.core.records import BlockAgeBound, BlockAgeStatus, ClaimedBlock
 from allocator.fence import Token
 from allocator.metrics import NodeMetrics
 from allocator.node.seams import LeaderHooks
@@ -30,30 +30,41 @@ CUT_MS = LAYOUT.epoch_ms + 1_000_000_000
 """When the test's blocks were cut."""
 
 
-class SamplingStore(FakeStore):
-    def __init__(self, database: FakeDatabase) -> None:
-        super().__init__(database)
-        self.samples = 0
+class Clock:
+    """The database server's clock, moved by the test."""
 
-    def record_pool_sample(self) -> None:
-        self.samples += 1
+    def __init__(self, now_ms: float) -> None:
+        self.now_ms = now_ms
+
+    def __call__(self) -> float:
+        return self.now_ms
 
 
-def leader() -> tuple[LeaderContext, SamplingStore]:
-    database = FakeDatabase()
-    database.take_fence(TOKEN, "n1", "h", 1, "default layout")
+def leader() -> tuple[LeaderContext, FakeStore, Clock]:
+    clock = Clock(CUT_MS)
+    store = FakeStore(FakeDatabase(now_ms=clock))
+    store.take_fence(TOKEN, "n1", "h", 1)
     guard = SessionGuard(10.0)
     guard("CONNECTED")  # type: ignore[arg-type]
     term = Term(TOKEN, guard)
     term.activate()
     hooks = LeaderHooks(health=NodeHealth(), on_fenced=lambda exc: None, on_fatal=lambda e: None)
-    store = SamplingStore(database)
-    return LeaderContext(term, store, CONFIG, NodeMetrics(), hooks), store
+    return LeaderContext(term, store, CONFIG, NodeMetrics(), hooks), store, clock
 
 
-def handed_out(ticket: int, age_ms: int) -> ClaimedBlock:
-    first_id = LAYOUT.encode(CUT_MS, 0, 0, 0) + ticket  # same millisecond, its own sequence
-    return ClaimedBlock(ticket=ticket, first_id=first_id, claimed_at_ms=CUT_MS + age_ms)
+def cut_at_cut_ms(store: FakeStore, count: int) -> None:
+    """``count`` blocks from ``CUT_MS`` on (32 a millisecond), by tickets 1, 2, …"""
+    start = store.pool_status().cut_position
+    blocks = [LAYOUT.nth_block(i, 4096, start_ms=CUT_MS) for i in range(start, start + count)]
+    store.cut_blocks(TOKEN, blocks)
+
+
+def hand_out(store: FakeStore, clock: Clock, age_ms: int) -> None:
+    """Claim the next block ``age_ms`` after its first ID's millisecond."""
+    status = store.pool_status()
+    (block,) = [b for b in store.database.blocks() if b.ticket == status.claim_position + 1]
+    clock.now_ms = LAYOUT.decode(block.first_id).timestamp_ms + age_ms
+    assert store.database.claim("app") == [(block.first_id, block.last_id)]
 
 
 def sample(ctx: LeaderContext, name: str, labels: dict[str, str] | None = None) -> float | None:
@@ -61,13 +72,15 @@ def sample(ctx: LeaderContext, name: str, labels: dict[str, str] | None = None) 
 
 
 def test_the_gauges_show_the_oldest_block_and_the_bound_and_nan_for_what_is_not_known() -> None:
-    ctx, store = leader()
+    ctx, store, clock = leader()
     assert math.isnan(sample(ctx, "allocator_pool_oldest_block_age_seconds") or 0.0)
-    store.block_age = BlockAgeStatus(300_000, True, None, True, 42_500)
+    store.leader_heartbeat(TOKEN, BlockAgeBound(300_000, True, 10_000))
+    cut_at_cut_ms(store, 1)
+    clock.now_ms = CUT_MS + 42_500
     sampling.run(ctx)
     assert sample(ctx, "allocator_pool_oldest_block_age_seconds") == 42.5
     assert sample(ctx, "allocator_pool_max_block_age_seconds") == 300.0
-    store.block_age = BlockAgeStatus(300_000, True, None, True, None)  # the pool ran empty
+    assert store.database.claim("app")  # the pool runs empty
     sampling.run(ctx)
     assert math.isnan(sample(ctx, "allocator_pool_oldest_block_age_seconds") or 0.0)
     ctx.metrics.leadership_ended()  # an ex-leader exports no stale age
@@ -75,14 +88,15 @@ def test_the_gauges_show_the_oldest_block_and_the_bound_and_nan_for_what_is_not_
 
 
 def test_the_hand_out_ages_are_those_claimed_since_the_previous_run_each_counted_once() -> None:
-    ctx, store = leader()
-    store.claimed = [handed_out(1, 500), handed_out(2, 3_000)]
-    store.claim_position = 2
+    ctx, store, clock = leader()
+    cut_at_cut_ms(store, 5)
+    hand_out(store, clock, 500)
+    hand_out(store, clock, 3_000)
     sampling.run(ctx)  # the term's first run only takes the position
     count = "allocator_claimed_block_age_seconds_count"
     assert sample(ctx, count) == 0
-    store.claimed += [handed_out(3, 2_000), handed_out(4, 400_000), handed_out(5, 10)]
-    store.claim_position = 5
+    for age_ms in (2_000, 400_000, 10):
+        hand_out(store, clock, age_ms)
     sampling.run(ctx)
     assert sample(ctx, count) == 3
     assert sample(ctx, "allocator_claimed_block_age_seconds_sum") == 2.0 + 400.0 + 0.01
@@ -94,17 +108,19 @@ def test_the_hand_out_ages_are_those_claimed_since_the_previous_run_each_counted
 
 
 def test_at_most_the_sample_limit_is_read_per_run() -> None:
-    ctx, store = leader()
+    ctx, store, clock = leader()
     sampling.run(ctx)
     limit = sampling.HANDOUT_SAMPLE_LIMIT
-    store.claimed = [handed_out(t, 1_000) for t in range(1, limit + 11)]
-    store.claim_position = limit + 10
+    cut_at_cut_ms(store, limit + 10)
+    clock.now_ms = CUT_MS + 1_000
+    assert len(store.database.claim("app", limit + 10)) == limit + 10
     sampling.run(ctx)
     assert sample(ctx, "allocator_claimed_block_age_seconds_count") == limit
 
 
 def test_an_unreadable_age_leaves_the_pool_reading_and_the_next_run_in_place() -> None:
-    ctx, store = leader()
+    ctx, store, _ = leader()
+    cut_at_cut_ms(store, 2)
     read: list[int] = []
     ctx.hooks = LeaderHooks(
         health=NodeHealth(),
@@ -118,7 +134,7 @@ def test_an_unreadable_age_leaves_the_pool_reading_and_the_next_run_in_place() -
 
     store.block_age_status = unreachable  # type: ignore[method-assign]
     sampling.run(ctx)  # no exception leaves the job
-    assert read == [store.available_blocks]
+    assert read == [2]
 
 
 def test_an_age_never_reads_below_zero() -> None:
@@ -129,7 +145,9 @@ def test_an_age_never_reads_below_zero() -> None:
 
 
 def test_the_aging_job_counts_what_it_voided() -> None:
-    ctx, store = leader()
-    store.database.aged_blocks = 7
+    ctx, store, clock = leader()
+    cut_at_cut_ms(store, 7)
+    clock.now_ms = CUT_MS + 3_600_000  # an hour later: past the default bound
+    store.leader_heartbeat(TOKEN, block_age.bound(CONFIG))
     assert aging.run(ctx) == 7
     assert sample(ctx, "allocator_blocks_voided_aged_total") == 7

@@ -61,6 +61,8 @@ CLOCK_SKEW_HANDOVER_S = 10.0
 DB_UNREACHABLE_S = 15.0
 SKEWED_MS = 5_000.0
 """Far beyond ``pool.max_clock_skew_ms`` (500 by default)."""
+FULL_POOL_BLOCKS = 1_000_000
+"""What the fake store reports of the pool unless a test empties it (the fake jobs cut nothing)."""
 ZK_AUTH = "allocator-test:not-a-real-secret"
 """The nodes' ``zookeeper.auth``: the default path, every znode under our ACL."""
 FAST_PACING = Pacing(
@@ -200,7 +202,10 @@ class Cluster:
             auth=config.zookeeper.auth.get_secret_value(),
             default_acl=zkclient.acl(config),
         )
-        store = FakeStore(self.database, clock_offset_ms=clock_offset_ms)
+        # A full pool unless a test empties it: the fake jobs cut nothing.
+        store = FakeStore(
+            self.database, clock_offset_ms=clock_offset_ms, available_blocks=FULL_POOL_BLOCKS
+        )
         jobs = FakeJobs()
         clock = FakeMonotonic()
         node = Node(
@@ -675,7 +680,7 @@ def test_session_expiry_with_rejoin_builds_a_new_client_and_joins_again(cluster:
 
 
 def test_a_layout_the_database_did_not_record_exits_with_code_78(cluster: Cluster) -> None:
-    cluster.database.layout = f"not the {DEFAULT_LAYOUT}"
+    cluster.database.layout = {**DEFAULT_LAYOUT, "datacenter_id": 1}
     a = cluster.node("a")
 
     assert a.wait_exit() == EXIT_CONFIG
@@ -724,7 +729,7 @@ def bare_node(ensemble: FakeEnsemble, settings: Mapping[str, object]) -> Node:
     config = node_config("bare", settings)
     return Node(
         config,
-        store=FakeStore(FakeDatabase()),
+        store=FakeStore(FakeDatabase(), available_blocks=FULL_POOL_BLOCKS),
         zookeeper=ClientFactory(
             ensemble,
             auth=config.zookeeper.auth.get_secret_value(),

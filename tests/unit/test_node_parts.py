@@ -322,7 +322,7 @@ class Led:
 
     def __init__(self) -> None:
         self.database = FakeDatabase()
-        store = FakeStore(self.database)
+        store = FakeStore(self.database, available_blocks=1_000_000)  # the fake jobs cut nothing
         self.election = joined(FakeEnsemble())
         self.signals, self.jobs = Signals(), FakeJobs()
         metrics, health, cfg = NodeMetrics(), NodeHealth(), config()
