@@ -33,7 +33,7 @@ DEFAULT_STATEMENT_TIMEOUT_MS = 5000
 DEFAULT_BACKOFF_INITIAL_S = 0.05
 DEFAULT_BACKOFF_MAX_S = 2.0
 DEFAULT_CLOSE_TIMEOUT_S = 10.0
-MAX_CONSUMER_CHARS = 128
+_MAX_CONSUMER_CHARS = 128
 APPLICATION_NAME = "allocator-client"
 
 # The client's statements. They live here rather than in allocator.sql, which holds the
@@ -59,10 +59,10 @@ UNDEFINED_FUNCTION_SQLSTATE: Final = "42883"
 TEXT_OID: Final = 25
 INT4_OID: Final = 23
 
-ARGUMENT_SQLSTATES = frozenset({"AL001", "AL002"})
+_ARGUMENT_SQLSTATES = frozenset({"AL001", "AL002"})
 POOL_EMPTY_SQLSTATE = "AL003"
 CLAIMS_PAUSED_SQLSTATE = "AL004"
-KEEP_CONNECTION_SQLSTATES = ARGUMENT_SQLSTATES | {POOL_EMPTY_SQLSTATE, CLAIMS_PAUSED_SQLSTATE}
+KEEP_CONNECTION_SQLSTATES = _ARGUMENT_SQLSTATES | {POOL_EMPTY_SQLSTATE, CLAIMS_PAUSED_SQLSTATE}
 """Answers of ``claim_blocks`` itself: the connection is sound, a claimer keeps it."""
 NO_ID = -1  # never a valid trigger: IDs are >= 0
 
@@ -214,7 +214,7 @@ def translate_claim_error(exc: psycopg.Error) -> AllocatorError:
         return PoolEmptyError(f"claim ID blocks: {primary}")
     if state == CLAIMS_PAUSED_SQLSTATE:
         return ClaimsPausedError(f"claim ID blocks: {primary}")
-    if state in ARGUMENT_SQLSTATES:
+    if state in _ARGUMENT_SQLSTATES:
         return ClaimArgumentError(f"claim ID blocks: {primary}", sqlstate=state)
     if isinstance(exc, PoolClosed):
         return DatabaseError("claim ID blocks: the connection pool is closed")
@@ -261,10 +261,10 @@ def check_consumer(consumer: str) -> str:
     this only catches mistakes before any I/O). Raises :class:`ClaimArgumentError`."""
     if not isinstance(consumer, str) or not consumer.strip(_BLANK):
         raise ClaimArgumentError("consumer must be a non-empty name", sqlstate="AL001")
-    if len(consumer) > MAX_CONSUMER_CHARS:
+    if len(consumer) > _MAX_CONSUMER_CHARS:
         raise ClaimArgumentError(
             f"consumer name is {len(consumer)} characters long; the maximum is "
-            f"{MAX_CONSUMER_CHARS}",
+            f"{_MAX_CONSUMER_CHARS}",
             sqlstate="AL001",
         )
     if any(ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029" for ch in consumer):

@@ -85,7 +85,7 @@ def _connect_timeout(seconds: float) -> int:
 
 
 @dataclass(slots=True)
-class SentClaim:
+class _SentClaim:
     """A claim :meth:`PostgresClaimer.begin` sent: its connection, whether libpq has flushed
     it all to the socket yet, and the results read so far."""
 
@@ -120,7 +120,7 @@ class PostgresClaimer:
         self._application_name = application_name
         self._answer_timeout_s = statement_timeout_ms / 1000 + connect_timeout_s
         self._conn: psycopg.Connection[TupleRow] | None = None
-        self._sent: SentClaim | None = None
+        self._sent: _SentClaim | None = None
         self._expiring: bool | None = None
         """Whether the database has ``claim_blocks_expiring`` (None: not known yet): per own
         connection (reset on reconnect), or for the claimer's life over a pool."""
@@ -202,7 +202,7 @@ class PostgresClaimer:
             # blocks are lost, like any claim whose answer never arrives.
             self.close()
             return False
-        self._sent = SentClaim(conn, flushed, [])
+        self._sent = _SentClaim(conn, flushed, [])
         return True
 
     def poll(self) -> list[Block] | None:
@@ -268,7 +268,7 @@ class PostgresClaimer:
                 if blocks is not None:
                     return blocks
 
-    def _blocks_from(self, sent: SentClaim) -> list[Block]:
+    def _blocks_from(self, sent: _SentClaim) -> list[Block]:
         """The blocks in a finished claim's results, or its translated error (the connection
         closed unless it was AL001..AL004, as :meth:`claim` does)."""
         for result in sent.results:
@@ -495,10 +495,10 @@ class InMemoryClaimer:
         pass
 
     def as_async(self) -> AsyncClaimer:
-        return AsyncAdapter(self)
+        return _AsyncAdapter(self)
 
 
-class AsyncAdapter:
+class _AsyncAdapter:
     def __init__(self, claimer: Claimer) -> None:
         self._claimer = claimer
 
