@@ -1,12 +1,10 @@
 """The Python ID client: claims Snowflake ID blocks in the background and hands their IDs out
-from memory (how to use it: docs/claiming-ids.md; the SQL it calls: docs/design.md §6).
+from memory. How to use it: docs/claiming-ids.md §7; the SQL it calls: docs/design.md §6.
 
-Public: the clients :class:`IdClient` (threads) and :class:`AsyncIdClient` (asyncio),
-:func:`claim_once`, the values they return (:class:`Block`, :class:`UnusedIds`), the errors
-they raise, the claimer protocols and the claimers an application builds; the rest of the
-package is internal. It needs no more than ``pip install snowflake-block-allocator`` (psycopg,
-psycopg-pool, structlog) and ``allocator.core``/``allocator.postgres.errors`` (checked by
-tests/unit/test_layers.py and tests/integration/test_client_only_install.py).
+Public (``__all__``): :class:`IdClient`, :class:`AsyncIdClient`, :func:`claim_once`, the
+values they return, the errors they raise, the claimer protocols and the claimers; the rest is
+internal. It needs only the base install, psycopg, psycopg-pool and structlog
+(tests/unit/test_layers.py, tests/integration/test_client_only_install.py).
 """
 
 from allocator.client.aio import AsyncIdClient

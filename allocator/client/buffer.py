@@ -1,9 +1,6 @@
 """The buffer both clients share (:class:`Buffer`): the current block, the rest of the segment,
-the prefetched segment, the refill trigger, waits, failures and the close report.
-
-Rules: no locking and no I/O here: :class:`~allocator.client.threaded.IdClient` holds its
-lock around every method, :class:`~allocator.client.aio.AsyncIdClient` runs on one event
-loop. After ``fork()`` every live buffer in the child drops its IDs (the parent keeps them).
+the prefetched segment, the refill triggers, the age deadlines, waits, failures and the close
+report. No locking and no I/O here.
 """
 
 from __future__ import annotations
@@ -45,6 +42,8 @@ _Clock = Callable[[], float]
 
 @dataclass(frozen=True, slots=True)
 class Settings:
+    """A client's settings, checked by :func:`validated_settings`."""
+
     consumer: str
     batch_blocks: int
     max_batch_blocks: int
@@ -119,6 +118,7 @@ def _spans_of(blocks: list[Block], started_at: float) -> list[Span]:
 
 
 def ranges_of(spans: list[Span]) -> list[Range]:
+    """The spans as ``(first, last)`` ranges."""
     return [(first, last) for first, last, _ in spans]
 
 
@@ -129,6 +129,13 @@ def _count_of(spans: list[Span] | deque[Span]) -> int:
 class Buffer:
     """State and slow-path logic shared by both clients; no locking here (the sync client
     holds its lock around every method, the async one runs on one event loop).
+
+    A double buffer, like Leaf's segments: a *segment* is the blocks one claim returned (up
+    to ``batch_blocks``). IDs are handed out from the current segment, block by block,
+    ascending within each block, blocks in the order they were claimed. When ``refill_at``
+    (a fraction, by ID count or by the segment's life, whichever comes first) of the
+    current segment is left, the next one is claimed while IDs keep flowing; at most one
+    claim is out and at most one segment prefetched, the claimer otherwise idle.
 
     The current block is ``[_next, _last]`` (empty when ``_next > _last``), handed out until
     its ``_deadline``; ``_rest`` holds the current segment's other blocks; ``_prefetched`` the
@@ -275,7 +282,9 @@ class Buffer:
         return _count_of(gathered)
 
     def _drop_expired(self, spans: list[Span]) -> None:
-        """Count and log IDs never to be handed out: their block passed its deadline."""
+        """Count (``ids_expired``, ``blocks_expired``) and log (``client_ids_expired``, with
+        the ranges) IDs never to be handed out: their block passed its deadline. They are
+        lost like unused IDs: recorded as claimed, never handed to anyone (I1)."""
         if not spans:
             return
         ids = _count_of(spans)
@@ -395,7 +404,11 @@ class Buffer:
         self._last_error = error
 
     def _check_usable(self) -> None:
-        """Raise what a caller who found no ID left must raise at once, if anything."""
+        """Raise what a caller who found no ID left must raise at once, if anything: errors
+        that waiting will not cure. A closed or closing client; AL001/AL002
+        (:class:`ClaimArgumentError`: the claimer has stopped for good); any database error
+        but an empty pool, paused claims or an unreachable database (permissions, a missing
+        schema: the claimer keeps retrying, so the client recovers once it is fixed)."""
         if self._closed_error is not None:
             raise ClientClosedError(str(self._closed_error))
         if self._closing:
@@ -411,6 +424,11 @@ class Buffer:
             raise DatabaseError(f"no ID block for consumer {self._consumer!r}: {last}") from last
 
     def _timeout_error(self) -> AllocatorError:
+        """What a caller raises after waiting ``wait_timeout_s`` in vain: so a call never
+        hangs. :class:`ClaimsPausedError` when claims were paused all along (AL004),
+        :class:`PoolEmptyError` when the pool stayed empty (AL003),
+        :class:`DatabaseUnavailableError` when PostgreSQL could not be reached or the claim is
+        still running; the last claim's error is the ``__cause__``."""
         self._stats["wait_timeouts"] += 1
         last = self._last_error
         base = (
@@ -483,7 +501,9 @@ _LIVE_BUFFERS: weakref.WeakSet[Buffer] = weakref.WeakSet()
 
 
 def _forget_buffers_after_fork() -> None:
-    # The parent keeps handing out these IDs; the child must never use them (I1).
+    """In a child process, every client inherited from the parent drops its buffered IDs
+    and refuses to work (:class:`ClientClosedError`): the parent keeps handing out these
+    IDs, so the child must never use them (I1). Create clients after forking."""
     for client in list(_LIVE_BUFFERS):
         client._after_fork_in_child()
 
@@ -492,6 +512,7 @@ os.register_at_fork(after_in_child=_forget_buffers_after_fork)
 
 
 def log_unused(consumer: str, report: UnusedIds) -> None:
+    """Log the close report (``client_closed``) when IDs were left or a claim still ran."""
     if report.count or not report.complete:
         log.info(
             "client_closed",
@@ -503,6 +524,7 @@ def log_unused(consumer: str, report: UnusedIds) -> None:
 
 
 def log_lost(consumer: str, segment: list[Range]) -> None:
+    """Log a segment that landed after the close report was out: lost, never reused."""
     log.warning(
         "client_blocks_lost_after_close",
         consumer=consumer,
@@ -512,6 +534,8 @@ def log_lost(consumer: str, segment: list[Range]) -> None:
 
 
 def log_claim_failed(consumer: str, error: AllocatorError, delay_s: float | None) -> None:
+    """Log a failed claim: an empty pool or paused claims at debug (expected, retried), a
+    fatal error (``delay_s`` None: no retry) as an error, any other as a warning."""
     if isinstance(error, ClaimsPausedError):
         log.debug("client_claims_paused", consumer=consumer, retry_in_s=round(delay_s or 0, 3))
     elif isinstance(error, PoolEmptyError):
@@ -528,6 +552,8 @@ def log_claim_failed(consumer: str, error: AllocatorError, delay_s: float | None
 
 
 def as_allocator_error(exc: Exception) -> AllocatorError:
+    """A claimer's exception as the project's error; anything else than an
+    :class:`AllocatorError` is a claimer bug, logged and raised as a :class:`DatabaseError`."""
     if isinstance(exc, AllocatorError):
         return exc
     log.error("client_claimer_bug", error=repr(exc), exc_info=exc)
