@@ -1,7 +1,5 @@
 """The asyncio client, :class:`AsyncIdClient`: the rules of :class:`IdClient` on one event loop,
 its claimer a task on the loop of first use.
-
-Rules: no lock (its hot path never yields to the loop); use it from one event loop only.
 """
 
 from __future__ import annotations
@@ -47,8 +45,10 @@ from allocator.core.errors import AllocatorError
 
 class AsyncIdClient(Buffer):
     """:class:`IdClient` for asyncio: the same rules, ``await next_id()``, ``await take(n)``,
-    ``await aclose()``; its claimer is a task on the loop of first use. Use it from one event
-    loop (it takes no lock: its hot path never yields to the loop)."""
+    ``await aclose()``; its claimer is a task on the loop of first use, claiming over its own
+    ``AsyncConnection``, a ``psycopg_pool.AsyncConnectionPool`` or any :class:`AsyncClaimer`.
+    Use it from one event loop (it takes no lock: its hot path never yields to the loop). The
+    constructor does no I/O; like :class:`IdClient` it does not survive ``fork()``."""
 
     def __init__(
         self,
@@ -95,7 +95,8 @@ class AsyncIdClient(Buffer):
         self._task: asyncio.Task[None] | None = None
 
     async def next_id(self) -> int:
-        """One ID (see :meth:`IdClient.next_id`)."""
+        """One ID (see :meth:`IdClient.next_id`); the same hot path, without the lock: it never
+        awaits unless nothing is buffered."""
         n = self._next
         if n <= self._last and (not self._dated or self._now() < self._check_at):
             self._next = n + 1
@@ -122,6 +123,7 @@ class AsyncIdClient(Buffer):
         return ids
 
     async def _take_waiting(self, need: int, spans: list[Span]) -> None:
+        """The slow path (see :meth:`IdClient._take_waiting`)."""
         deadline: float | None = None
         while True:
             need = self._take(need, spans)
@@ -223,10 +225,12 @@ class AsyncIdClient(Buffer):
         await self.aclose()
 
     def get_stats(self) -> dict[str, int]:
+        """Counters and ``ids_available`` right now (see :meth:`IdClient.get_stats`)."""
         return self._stats_snapshot()
 
     @property
     def consumer(self) -> str:
+        """The consumer name the client claims for."""
         return self._consumer
 
     async def _run(self) -> None:

@@ -1,9 +1,7 @@
-"""What both ID clients and every claimer share: settings bounds, the claim statements, the
-errors a claim can end in, :class:`Block` and :class:`UnusedIds`, the claimer protocols, and
-the pure helpers (error translation, backoff, consumer-name check, range merging).
-
-Rules: nothing here does I/O or keeps state; the rules of the clients themselves are in the
-package docstring (:mod:`allocator.client`).
+"""What the clients and claimers share: settings bounds and defaults, the claim statements,
+the errors a claim ends in, :class:`Block` and :class:`UnusedIds`, the claimer protocols, and
+pure helpers (error translation, backoff, consumer-name check, range merging). Nothing here
+does I/O or keeps state.
 """
 
 from __future__ import annotations
@@ -33,7 +31,7 @@ DEFAULT_STATEMENT_TIMEOUT_MS = 5000
 DEFAULT_BACKOFF_INITIAL_S = 0.05
 DEFAULT_BACKOFF_MAX_S = 2.0
 DEFAULT_CLOSE_TIMEOUT_S = 10.0
-MAX_CONSUMER_CHARS = 128
+_MAX_CONSUMER_CHARS = 128
 APPLICATION_NAME = "allocator-client"
 
 # The client's statements. They live here rather than in allocator.sql, which holds the
@@ -59,10 +57,10 @@ UNDEFINED_FUNCTION_SQLSTATE: Final = "42883"
 TEXT_OID: Final = 25
 INT4_OID: Final = 23
 
-ARGUMENT_SQLSTATES = frozenset({"AL001", "AL002"})
+_ARGUMENT_SQLSTATES = frozenset({"AL001", "AL002"})
 POOL_EMPTY_SQLSTATE = "AL003"
 CLAIMS_PAUSED_SQLSTATE = "AL004"
-KEEP_CONNECTION_SQLSTATES = ARGUMENT_SQLSTATES | {POOL_EMPTY_SQLSTATE, CLAIMS_PAUSED_SQLSTATE}
+KEEP_CONNECTION_SQLSTATES = _ARGUMENT_SQLSTATES | {POOL_EMPTY_SQLSTATE, CLAIMS_PAUSED_SQLSTATE}
 """Answers of ``claim_blocks`` itself: the connection is sound, a claimer keeps it."""
 NO_ID = -1  # never a valid trigger: IDs are >= 0
 
@@ -105,7 +103,8 @@ class Block(NamedTuple):
     ``expires_in_ms``: how long after the claim (database clock) the block's first ID passes
     the age bound (``pool.max_block_age_s``); None when no bound is in force or the database
     predates ``claim_blocks_expiring``. The clients stop handing out a block's IDs at a local
-    deadline: the claim's start plus this."""
+    deadline, the claim's start plus this; a block without it (no bound in force, an older
+    schema, a custom claimer) never expires."""
 
     block_id: int
     first_id: int
@@ -114,6 +113,7 @@ class Block(NamedTuple):
 
     @property
     def size(self) -> int:
+        """How many IDs the block holds."""
         return self.last_id - self.first_id + 1
 
     def to_json(self) -> dict[str, int]:
@@ -146,6 +146,7 @@ class UnusedIds:
     ``client_ids_expired``). Lost the same way."""
 
     def to_json(self) -> dict[str, Any]:
+        """The report as JSON (ranges as two-element lists)."""
         return {
             "count": self.count,
             "ranges": [list(r) for r in self.ranges],
@@ -158,18 +159,28 @@ class Claimer(Protocol):
     """The I/O seam of :class:`IdClient`: claim up to ``n`` blocks, or raise one of the
     translated errors (:class:`PoolEmptyError`, :class:`ClaimsPausedError`,
     :class:`ClaimArgumentError`,
-    :class:`DatabaseUnavailableError`, :class:`DatabaseError`). Called from one thread."""
+    :class:`DatabaseUnavailableError`, :class:`DatabaseError`). Called from one thread.
 
-    def claim(self, consumer: str, n: int) -> list[Block]: ...
+    Every ID a client hands out comes from a block its claimer returned. Ours claim with
+    ``allocator.claim_blocks_expiring``, or ``allocator.claim_blocks`` on a schema before
+    migration 0011 (docs/design.md §6); either is durable on return (I4). A claimer only
+    claims and translates errors: it never cuts or invents IDs and never buffers them."""
 
-    def close(self) -> None: ...
+    def claim(self, consumer: str, n: int) -> list[Block]:
+        """Claim up to ``n`` blocks for ``consumer``, oldest first (fewer when the pool runs
+        short); raises the translated errors."""
+        ...
+
+    def close(self) -> None:
+        """Release what the claimer owns (its own connection); a later claim may reopen it."""
+        ...
 
 
 @runtime_checkable
 class NonBlockingClaimer(Claimer, Protocol):
     """A :class:`Claimer` that can also claim without blocking its caller, so that
     :class:`IdClient` can send its prefetch from the thread that asked for it and collect
-    the answer later, with no other thread involved (module docstring, Latency).
+    the answer later, with no other thread involved (:class:`IdClient`, Latency).
 
     One claim at a time: ``begin`` it, then ``poll`` until it returns the blocks (or raises),
     or ``finish`` it. Nothing else (``claim`` included) may use the claimer in between. The
@@ -198,23 +209,36 @@ class NonBlockingClaimer(Claimer, Protocol):
 class AsyncClaimer(Protocol):
     """The I/O seam of :class:`AsyncIdClient`; as :class:`Claimer`, awaited."""
 
-    async def claim(self, consumer: str, n: int) -> list[Block]: ...
+    async def claim(self, consumer: str, n: int) -> list[Block]:
+        """As :meth:`Claimer.claim`."""
+        ...
 
-    async def close(self) -> None: ...
+    async def close(self) -> None:
+        """As :meth:`Claimer.close`."""
+        ...
 
 
 # -- errors and retries ------------------------------------------------------------------------
 
 
 def translate_claim_error(exc: psycopg.Error) -> AllocatorError:
-    """The project's error for a driver error raised by a claim (the caller chains it)."""
+    """The project's error for a driver error raised by a claim; the caller chains it
+    (``raise ... from exc``, keeping ``__cause__``), so no driver error leaves a claimer.
+
+    AL003 is :class:`PoolEmptyError` and AL004 :class:`ClaimsPausedError` (both retried by
+    the clients until a caller's deadline); AL001/AL002 are :class:`ClaimArgumentError`
+    (fatal: the client's claimer stops); connection failures and timeouts are
+    :class:`~allocator.core.errors.DatabaseUnavailableError` (retried); anything else
+    (permissions, a missing schema, a closed pool) is
+    :class:`~allocator.core.errors.DatabaseError` (retried, but waiting callers fail at
+    once)."""
     state = exc.sqlstate or ""
     primary = exc.diag.message_primary or str(exc).strip().partition("\n")[0]
     if state == POOL_EMPTY_SQLSTATE:
         return PoolEmptyError(f"claim ID blocks: {primary}")
     if state == CLAIMS_PAUSED_SQLSTATE:
         return ClaimsPausedError(f"claim ID blocks: {primary}")
-    if state in ARGUMENT_SQLSTATES:
+    if state in _ARGUMENT_SQLSTATES:
         return ClaimArgumentError(f"claim ID blocks: {primary}", sqlstate=state)
     if isinstance(exc, PoolClosed):
         return DatabaseError("claim ID blocks: the connection pool is closed")
@@ -261,10 +285,10 @@ def check_consumer(consumer: str) -> str:
     this only catches mistakes before any I/O). Raises :class:`ClaimArgumentError`."""
     if not isinstance(consumer, str) or not consumer.strip(_BLANK):
         raise ClaimArgumentError("consumer must be a non-empty name", sqlstate="AL001")
-    if len(consumer) > MAX_CONSUMER_CHARS:
+    if len(consumer) > _MAX_CONSUMER_CHARS:
         raise ClaimArgumentError(
             f"consumer name is {len(consumer)} characters long; the maximum is "
-            f"{MAX_CONSUMER_CHARS}",
+            f"{_MAX_CONSUMER_CHARS}",
             sqlstate="AL001",
         )
     if any(ord(ch) < 32 or 127 <= ord(ch) < 160 or ch in "\u2028\u2029" for ch in consumer):

@@ -1,9 +1,6 @@
 """The buffer both clients share (:class:`Buffer`): the current block, the rest of the segment,
-the prefetched segment, the refill trigger, waits, failures and the close report.
-
-Rules: no locking and no I/O here: :class:`~allocator.client.threaded.IdClient` holds its
-lock around every method, :class:`~allocator.client.aio.AsyncIdClient` runs on one event
-loop. After ``fork()`` every live buffer in the child drops its IDs (the parent keeps them).
+the prefetched segment, the refill triggers, the age deadlines, waits, failures and the close
+report. No locking and no I/O here.
 """
 
 from __future__ import annotations
@@ -35,16 +32,18 @@ from allocator.core.errors import AllocatorError, DatabaseError, DatabaseUnavail
 
 log = logs.get_logger(__name__)
 
-NO_DEADLINE = math.inf
+_NO_DEADLINE = math.inf
 Span = tuple[int, int, float]
 """A buffered range of one block: ``(first, last, deadline)``, the deadline in the client's
-clock (monotonic seconds), after which none of its IDs is handed out; ``NO_DEADLINE`` when
+clock (monotonic seconds), after which none of its IDs is handed out; ``_NO_DEADLINE`` when
 the block came without ``expires_in_ms``."""
-Clock = Callable[[], float]
+_Clock = Callable[[], float]
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
+    """A client's settings, checked by :func:`validated_settings`."""
+
     consumer: str
     batch_blocks: int
     max_batch_blocks: int
@@ -53,7 +52,7 @@ class Settings:
     backoff_initial_s: float
     backoff_max_s: float
     close_timeout_s: float
-    clock: Clock = time.monotonic
+    clock: _Clock = time.monotonic
     """Monotonic seconds: the deadlines' clock (tests pass a fake one)."""
 
 
@@ -67,7 +66,7 @@ def validated_settings(
     backoff_initial_s: float,
     backoff_max_s: float,
     close_timeout_s: float,
-    clock: Clock = time.monotonic,
+    clock: _Clock = time.monotonic,
 ) -> Settings:
     """Every client setting validated in one place (ValueError, or ClaimArgumentError for a
     consumer name the database would refuse)."""
@@ -105,24 +104,25 @@ def validated_settings(
     )
 
 
-def spans_of(blocks: list[Block], started_at: float) -> list[Span]:
+def _spans_of(blocks: list[Block], started_at: float) -> list[Span]:
     """A claim's blocks as spans, oldest first, each with its deadline: the claim's start
     (``started_at``, before the query was sent: the conservative end) plus ``expires_in_ms``."""
     return [
         (
             b.first_id,
             b.last_id,
-            NO_DEADLINE if b.expires_in_ms is None else started_at + b.expires_in_ms / 1000,
+            _NO_DEADLINE if b.expires_in_ms is None else started_at + b.expires_in_ms / 1000,
         )
         for b in sorted(blocks, key=lambda b: b.first_id)
     ]
 
 
 def ranges_of(spans: list[Span]) -> list[Range]:
+    """The spans as ``(first, last)`` ranges."""
     return [(first, last) for first, last, _ in spans]
 
 
-def count_of(spans: list[Span] | deque[Span]) -> int:
+def _count_of(spans: list[Span] | deque[Span]) -> int:
     return sum(last - first + 1 for first, last, _ in spans)
 
 
@@ -130,10 +130,17 @@ class Buffer:
     """State and slow-path logic shared by both clients; no locking here (the sync client
     holds its lock around every method, the async one runs on one event loop).
 
+    A double buffer, like Leaf's segments: a *segment* is the blocks one claim returned (up
+    to ``batch_blocks``). IDs are handed out from the current segment, block by block,
+    ascending within each block, blocks in the order they were claimed. When ``refill_at``
+    (a fraction, by ID count or by the segment's life, whichever comes first) of the
+    current segment is left, the next one is claimed while IDs keep flowing; at most one
+    claim is out and at most one segment prefetched, the claimer otherwise idle.
+
     The current block is ``[_next, _last]`` (empty when ``_next > _last``), handed out until
     its ``_deadline``; ``_rest`` holds the current segment's other blocks; ``_prefetched`` the
     next segment; ``_trigger`` the ID whose hand-out asks for a refill (``NO_ID`` when none is
-    pending) and ``_refill_by`` the time that does (``NO_DEADLINE`` when none is pending).
+    pending) and ``_refill_by`` the time that does (``_NO_DEADLINE`` when none is pending).
     ``_check_at`` is the earliest time the slow path has something to do (the current
     block's deadline, ``_refill_by``, the prefetched segment's first deadline): the hot path
     hands out from memory only before it.
@@ -145,18 +152,18 @@ class Buffer:
         self._now = settings.clock
         self._next = 1
         self._last = 0
-        self._deadline = NO_DEADLINE
+        self._deadline = _NO_DEADLINE
         self._trigger = NO_ID
-        self._refill_by = NO_DEADLINE
-        self._check_at = NO_DEADLINE
+        self._refill_by = _NO_DEADLINE
+        self._check_at = _NO_DEADLINE
         self._dated = False
         """Whether ``_check_at`` is a time: only then does the hot path read the clock."""
         self._rest: deque[Span] = deque()
-        self._rest_expires = NO_DEADLINE
+        self._rest_expires = _NO_DEADLINE
         """No span in ``_rest`` has an earlier deadline (it may be stale-early, never late)."""
         self._prefetched: list[Span] | None = None
-        self._prefetched_refill_by = NO_DEADLINE
-        self._prefetched_expires = NO_DEADLINE
+        self._prefetched_refill_by = _NO_DEADLINE
+        self._prefetched_expires = _NO_DEADLINE
         self._refill_wanted = False
         self._claim_in_flight = False
         self._batch_blocks = settings.batch_blocks
@@ -181,7 +188,7 @@ class Buffer:
             "last_claim_us": 0,
             "max_claim_us": 0,
         }
-        LIVE_BUFFERS.add(self)
+        _LIVE_BUFFERS.add(self)
 
     # All of these run with the client's lock held (or on its event loop).
 
@@ -196,7 +203,7 @@ class Buffer:
                 self._install(self._prefetched)
                 span = self._rest.popleft()
             else:
-                self._set_current(1, 0, NO_DEADLINE)
+                self._set_current(1, 0, _NO_DEADLINE)
                 self._refill_wanted = True
                 return False
             if span[2] > now:
@@ -210,14 +217,14 @@ class Buffer:
 
     def _recheck(self) -> None:
         self._check_at = min(self._deadline, self._refill_by, self._prefetched_expires)
-        self._dated = self._check_at != NO_DEADLINE
+        self._dated = self._check_at != _NO_DEADLINE
 
     def _install(self, segment: list[Span]) -> None:
         """Make the prefetched ``segment`` the current one (its first block is popped by the
         caller) and arm its refill triggers: by IDs and by time."""
         self._prefetched = None
-        self._prefetched_expires = NO_DEADLINE
-        total = count_of(segment)
+        self._prefetched_expires = _NO_DEADLINE
+        total = _count_of(segment)
         offset = min(total - 1, math.floor(total * (1.0 - self._settings.refill_at)))
         self._trigger = NO_ID
         self._refill_by = self._prefetched_refill_by
@@ -235,7 +242,7 @@ class Buffer:
 
     def _disarm_refill(self) -> None:
         self._trigger = NO_ID
-        self._refill_by = NO_DEADLINE
+        self._refill_by = _NO_DEADLINE
         self._recheck()
 
     def _refill_due(self) -> None:
@@ -254,11 +261,11 @@ class Buffer:
         dropped: list[Span] = []
         if self._next <= self._last and self._deadline <= now:
             dropped.append((self._next, self._last, self._deadline))
-            self._set_current(1, 0, NO_DEADLINE)
+            self._set_current(1, 0, _NO_DEADLINE)
         if self._rest_expires <= now:
             dropped.extend(span for span in self._rest if span[2] <= now)
             self._rest = deque(span for span in self._rest if span[2] > now)
-            self._rest_expires = min((span[2] for span in self._rest), default=NO_DEADLINE)
+            self._rest_expires = min((span[2] for span in self._rest), default=_NO_DEADLINE)
         gathered = [span for span in spans if span[2] <= now]
         if gathered:
             spans[:] = [span for span in spans if span[2] > now]
@@ -267,18 +274,20 @@ class Buffer:
             dropped.extend(span for span in prefetched if span[2] <= now)
             kept = [span for span in prefetched if span[2] > now]
             self._prefetched = kept or None
-            self._prefetched_expires = min((span[2] for span in kept), default=NO_DEADLINE)
+            self._prefetched_expires = min((span[2] for span in kept), default=_NO_DEADLINE)
         self._drop_expired(dropped + gathered)
         if (dropped and self._prefetched is None) or self._refill_by <= now:
             self._refill_due()  # nothing buffered to replace what was dropped, or time is up
         self._recheck()
-        return count_of(gathered)
+        return _count_of(gathered)
 
     def _drop_expired(self, spans: list[Span]) -> None:
-        """Count and log IDs never to be handed out: their block passed its deadline."""
+        """Count (``ids_expired``, ``blocks_expired``) and log (``client_ids_expired``, with
+        the ranges) IDs never to be handed out: their block passed its deadline. They are
+        lost like unused IDs: recorded as claimed, never handed to anyone (I1)."""
         if not spans:
             return
-        ids = count_of(spans)
+        ids = _count_of(spans)
         self._stats["blocks_expired"] += len(spans)
         self._stats["ids_expired"] += ids
         log.info(
@@ -349,7 +358,7 @@ class Buffer:
         block with its deadline from ``started_at`` (the client's clock when the claim was
         sent); returns it instead when the client's report is already out (the IDs are
         lost)."""
-        segment = spans_of(blocks, started_at)
+        segment = _spans_of(blocks, started_at)
         if not segment:  # claim_blocks raises AL003 instead; a custom claimer might not
             raise PoolEmptyError("claim ID blocks: the claim returned no block")
         if any(first > last for first, last, _ in segment):
@@ -357,7 +366,7 @@ class Buffer:
         self._stats["claims"] += 1
         self._failures_in_a_row = 0
         self._stats["blocks_claimed"] += len(segment)
-        self._stats["ids_claimed"] += count_of(segment)
+        self._stats["ids_claimed"] += _count_of(segment)
         self._last_error = None
         if self._closed_error is not None:  # the report is out: nobody will use these
             return ranges_of(segment)
@@ -366,8 +375,8 @@ class Buffer:
         self._prefetched_expires = expires
         # Refill by time as by IDs: once ``refill_at`` of the segment's life is left.
         self._prefetched_refill_by = (
-            NO_DEADLINE
-            if expires == NO_DEADLINE
+            _NO_DEADLINE
+            if expires == _NO_DEADLINE
             else expires - self._settings.refill_at * (expires - started_at)
         )
         self._refill_wanted = False
@@ -395,7 +404,11 @@ class Buffer:
         self._last_error = error
 
     def _check_usable(self) -> None:
-        """Raise what a caller who found no ID left must raise at once, if anything."""
+        """Raise what a caller who found no ID left must raise at once, if anything: errors
+        that waiting will not cure. A closed or closing client; AL001/AL002
+        (:class:`ClaimArgumentError`: the claimer has stopped for good); any database error
+        but an empty pool, paused claims or an unreachable database (permissions, a missing
+        schema: the claimer keeps retrying, so the client recovers once it is fixed)."""
         if self._closed_error is not None:
             raise ClientClosedError(str(self._closed_error))
         if self._closing:
@@ -411,6 +424,11 @@ class Buffer:
             raise DatabaseError(f"no ID block for consumer {self._consumer!r}: {last}") from last
 
     def _timeout_error(self) -> AllocatorError:
+        """What a caller raises after waiting ``wait_timeout_s`` in vain: so a call never
+        hangs. :class:`ClaimsPausedError` when claims were paused all along (AL004),
+        :class:`PoolEmptyError` when the pool stayed empty (AL003),
+        :class:`DatabaseUnavailableError` when PostgreSQL could not be reached or the claim is
+        still running; the last claim's error is the ``__cause__``."""
         self._stats["wait_timeouts"] += 1
         last = self._last_error
         base = (
@@ -441,10 +459,10 @@ class Buffer:
         spans.extend(self._rest)
         spans.extend(self._prefetched or [])
         self._rest = deque()
-        self._rest_expires = NO_DEADLINE
+        self._rest_expires = _NO_DEADLINE
         self._prefetched = None
-        self._prefetched_expires = NO_DEADLINE
-        self._set_current(1, 0, NO_DEADLINE)
+        self._prefetched_expires = _NO_DEADLINE
+        self._set_current(1, 0, _NO_DEADLINE)
         self._disarm_refill()
         return spans
 
@@ -452,7 +470,7 @@ class Buffer:
         """Take every unused range out of the client (no ID can be handed out after this)."""
         spans = self._clear()
         return UnusedIds(
-            count=count_of(spans),
+            count=_count_of(spans),
             ranges=merge_ranges(ranges_of(spans)),
             complete=not self._claim_in_flight,
             expired=self._stats["ids_expired"],
@@ -460,7 +478,7 @@ class Buffer:
 
     def _available(self) -> int:
         current = max(0, self._last - self._next + 1)
-        return current + count_of(self._rest) + count_of(self._prefetched or [])
+        return current + _count_of(self._rest) + _count_of(self._prefetched or [])
 
     def _stats_snapshot(self) -> dict[str, int]:
         return {
@@ -479,19 +497,22 @@ class Buffer:
         )
 
 
-LIVE_BUFFERS: weakref.WeakSet[Buffer] = weakref.WeakSet()
+_LIVE_BUFFERS: weakref.WeakSet[Buffer] = weakref.WeakSet()
 
 
-def forget_buffers_after_fork() -> None:
-    # The parent keeps handing out these IDs; the child must never use them (I1).
-    for client in list(LIVE_BUFFERS):
+def _forget_buffers_after_fork() -> None:
+    """In a child process, every client inherited from the parent drops its buffered IDs
+    and refuses to work (:class:`ClientClosedError`): the parent keeps handing out these
+    IDs, so the child must never use them (I1). Create clients after forking."""
+    for client in list(_LIVE_BUFFERS):
         client._after_fork_in_child()
 
 
-os.register_at_fork(after_in_child=forget_buffers_after_fork)
+os.register_at_fork(after_in_child=_forget_buffers_after_fork)
 
 
 def log_unused(consumer: str, report: UnusedIds) -> None:
+    """Log the close report (``client_closed``) when IDs were left or a claim still ran."""
     if report.count or not report.complete:
         log.info(
             "client_closed",
@@ -503,6 +524,7 @@ def log_unused(consumer: str, report: UnusedIds) -> None:
 
 
 def log_lost(consumer: str, segment: list[Range]) -> None:
+    """Log a segment that landed after the close report was out: lost, never reused."""
     log.warning(
         "client_blocks_lost_after_close",
         consumer=consumer,
@@ -512,6 +534,8 @@ def log_lost(consumer: str, segment: list[Range]) -> None:
 
 
 def log_claim_failed(consumer: str, error: AllocatorError, delay_s: float | None) -> None:
+    """Log a failed claim: an empty pool or paused claims at debug (expected, retried), a
+    fatal error (``delay_s`` None: no retry) as an error, any other as a warning."""
     if isinstance(error, ClaimsPausedError):
         log.debug("client_claims_paused", consumer=consumer, retry_in_s=round(delay_s or 0, 3))
     elif isinstance(error, PoolEmptyError):
@@ -528,6 +552,8 @@ def log_claim_failed(consumer: str, error: AllocatorError, delay_s: float | None
 
 
 def as_allocator_error(exc: Exception) -> AllocatorError:
+    """A claimer's exception as the project's error; anything else than an
+    :class:`AllocatorError` is a claimer bug, logged and raised as a :class:`DatabaseError`."""
     if isinstance(exc, AllocatorError):
         return exc
     log.error("client_claimer_bug", error=repr(exc), exc_info=exc)

@@ -1,15 +1,6 @@
 """The claimers: :class:`PostgresClaimer` / :class:`AsyncPostgresClaimer` (own connection or a
-psycopg pool), :class:`InMemoryClaimer` for tests, and :func:`claim_once`.
-
-Rules: a claimer only claims and translates errors
-(:func:`~allocator.client.base.translate_claim_error`); it never buffers IDs. It claims with
-``allocator.claim_blocks_expiring`` (each block with its ``expires_in_ms``) where the database
-has it and with ``allocator.claim_blocks`` (no expiry) where it does not: the first claim on
-each own connection (for a pool: the claimer's first) tries the new function, and SQLSTATE
-42883 (undefined_function: a schema before migration 0011) makes it fall back at once, for
-that connection's (the pool's) life. Both functions claim alike; a failed lookup claims
-nothing. A claimer that owns a connection closes it after any other error than
-AL001..AL004, so the next claim reconnects. One caller at a time (the clients guarantee it).
+psycopg pool), :class:`InMemoryClaimer` for tests, and :func:`claim_once`. Each serves one
+caller at a time (the clients guarantee it).
 """
 
 from __future__ import annotations
@@ -70,7 +61,13 @@ def _blocks_of(rows: Sequence[TupleRow]) -> list[Block]:
 
 def _lacks_expiring(exc: psycopg.Error) -> bool:
     """Whether a ``claim_blocks_expiring`` call failed because the database has no such
-    function (a schema before migration 0011): the claimer falls back to ``claim_blocks``."""
+    function (SQLSTATE 42883, undefined_function: a schema before migration 0011).
+
+    The fallback rule of every PostgreSQL claimer: the first claim on each own connection
+    (over a pool: the claimer's first) tries ``claim_blocks_expiring``; this answer makes it
+    claim with ``claim_blocks`` at once, and for the rest of that connection's (the pool's)
+    life, so a new client works against an older schema, without expiry. Both functions
+    claim alike, and the failed lookup claimed nothing."""
     if exc.sqlstate != UNDEFINED_FUNCTION_SQLSTATE:
         return False
     log.info("client_claims_without_expiry", reason=exc.diag.message_primary or str(exc))
@@ -85,7 +82,7 @@ def _connect_timeout(seconds: float) -> int:
 
 
 @dataclass(slots=True)
-class SentClaim:
+class _SentClaim:
     """A claim :meth:`PostgresClaimer.begin` sent: its connection, whether libpq has flushed
     it all to the socket yet, and the results read so far."""
 
@@ -104,6 +101,9 @@ class PostgresClaimer:
     non-blocking calls (psycopg keeps its connections in non-blocking mode), ``poll`` reads
     what has arrived, ``finish`` waits on the socket with the GIL released, for at most the
     statement timeout plus ``connect_timeout_s``. Over a pool ``begin`` always declines.
+
+    After any error but AL001..AL004 (answers of ``claim_blocks`` itself, on a sound
+    connection) it closes its own connection, so the next claim reconnects.
     """
 
     def __init__(
@@ -120,12 +120,14 @@ class PostgresClaimer:
         self._application_name = application_name
         self._answer_timeout_s = statement_timeout_ms / 1000 + connect_timeout_s
         self._conn: psycopg.Connection[TupleRow] | None = None
-        self._sent: SentClaim | None = None
+        self._sent: _SentClaim | None = None
         self._expiring: bool | None = None
         """Whether the database has ``claim_blocks_expiring`` (None: not known yet): per own
         connection (reset on reconnect), or for the claimer's life over a pool."""
 
     def claim(self, consumer: str, n: int) -> list[Block]:
+        """Claim up to ``n`` blocks, blocking (see :meth:`Claimer.claim`); with the fallback
+        of :func:`_lacks_expiring`."""
         if self._sent is not None:  # a begun claim nobody finished: abandon it (lost)
             self.close()
         params = {"consumer": consumer, "n": n}
@@ -202,7 +204,7 @@ class PostgresClaimer:
             # blocks are lost, like any claim whose answer never arrives.
             self.close()
             return False
-        self._sent = SentClaim(conn, flushed, [])
+        self._sent = _SentClaim(conn, flushed, [])
         return True
 
     def poll(self) -> list[Block] | None:
@@ -268,7 +270,7 @@ class PostgresClaimer:
                 if blocks is not None:
                     return blocks
 
-    def _blocks_from(self, sent: SentClaim) -> list[Block]:
+    def _blocks_from(self, sent: _SentClaim) -> list[Block]:
         """The blocks in a finished claim's results, or its translated error (the connection
         closed unless it was AL001..AL004, as :meth:`claim` does)."""
         for result in sent.results:
@@ -330,6 +332,7 @@ class AsyncPostgresClaimer:
         """As :class:`PostgresClaimer`'s."""
 
     async def claim(self, consumer: str, n: int) -> list[Block]:
+        """As :meth:`PostgresClaimer.claim`, awaited."""
         params = {"consumer": consumer, "n": n}
         try:
             if self._expiring is not False:
@@ -378,6 +381,7 @@ class AsyncPostgresClaimer:
         return self._conn
 
     async def close(self) -> None:
+        """Close the own connection (a borrowed pool stays open)."""
         conn, self._conn = self._conn, None
         if conn is not None:
             await conn.close()
@@ -429,6 +433,8 @@ class InMemoryClaimer:
             self._left = (self._left or 0) + count
 
     def claim(self, consumer: str, n: int) -> list[Block]:
+        """The next ``n`` blocks (fewer when the stock runs short), checked as the database
+        checks its arguments; :class:`PoolEmptyError` when none is left."""
         check_consumer(consumer)
         if not 1 <= n <= MAX_BATCH_BLOCKS:
             raise ClaimArgumentError(
@@ -456,6 +462,7 @@ class InMemoryClaimer:
         self._answers.clear()
 
     def release_answers(self) -> None:
+        """Let begun claims be answered again (see :meth:`hold_answers`)."""
         self._answers.set()
 
     @property
@@ -464,6 +471,8 @@ class InMemoryClaimer:
         return self._sent is not None
 
     def begin(self, consumer: str, n: int) -> bool:
+        """Record a claim to be made when collected; False without ``non_blocking`` or while
+        one is out."""
         with self._lock:
             if not self.non_blocking or self._sent is not None:
                 return False
@@ -472,6 +481,7 @@ class InMemoryClaimer:
             return True
 
     def poll(self) -> list[Block] | None:
+        """Make the begun claim and return its blocks; None while answers are held."""
         with self._lock:
             sent = self._sent
             if sent is None:
@@ -482,6 +492,8 @@ class InMemoryClaimer:
         return self.claim(*sent)
 
     def finish(self, timeout_s: float | None = None) -> list[Block]:
+        """Wait for the begun claim's answer while answers are held (at most ``timeout_s``;
+        None: the default statement timeout), then as :meth:`poll`."""
         limit = DEFAULT_STATEMENT_TIMEOUT_MS / 1000 if timeout_s is None else timeout_s
         deadline = time.monotonic() + limit
         while (blocks := self.poll()) is None:
@@ -492,13 +504,16 @@ class InMemoryClaimer:
         return blocks
 
     def close(self) -> None:
-        pass
+        """Nothing to release."""
 
     def as_async(self) -> AsyncClaimer:
-        return AsyncAdapter(self)
+        """This claimer as an :class:`AsyncClaimer` (for :class:`AsyncIdClient`)."""
+        return _AsyncAdapter(self)
 
 
-class AsyncAdapter:
+class _AsyncAdapter:
+    """Any :class:`Claimer` awaited: each call runs on the event loop's thread."""
+
     def __init__(self, claimer: Claimer) -> None:
         self._claimer = claimer
 

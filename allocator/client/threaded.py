@@ -1,8 +1,5 @@
 """The threaded client, :class:`IdClient`: thread-safe, one claimer thread, the prefetch sent
-and collected on the caller's thread when its claimer can (package docstring, Latency).
-
-Rules: every shared field is read and written under the client's lock; the connection is
-used by one thread at a time (the ownership argument is in the package docstring).
+and collected on the caller's thread when its claimer can.
 """
 
 from __future__ import annotations
@@ -57,23 +54,43 @@ class IdClient(Buffer):
     one connection of its own, in its claimer thread), a ``psycopg_pool.ConnectionPool``
     (borrowed per claim, never closed by the client) or any :class:`Claimer`.
     ``batch_blocks`` (1..1000) is how many blocks one claim asks for: raise it when one
-    block lasts less than a few claim round trips. The module docstring has the rules;
-    the short form:
+    block lasts less than a few claim round trips. How to use it: docs/claiming-ids.md.
 
     - ``next_id()`` / ``take(n)`` / ``take_ranges(n)`` hand out IDs; they wait at most
       ``wait_timeout_s`` when nothing is buffered, then raise :class:`PoolEmptyError` (or
       :class:`DatabaseUnavailableError`).
-    - The claimer thread starts on first use or :meth:`start`; the constructor does no I/O.
-    - The prefetch normally involves no other thread: the caller that hands out the trigger
-      ID sends the claim without waiting (over the client's own connection, or any
-      :class:`NonBlockingClaimer`), and callers collect its answer at block boundaries. The
-      claimer thread connects, makes the first claim, retries, waits for a late answer and
-      finishes a claim out at close (module docstring, Latency).
+    - No hidden I/O: the constructor only records and validates settings; the claimer
+      thread starts on first use or :meth:`start`.
     - :meth:`close` stops it and returns the :class:`UnusedIds`: claimed, never handed out,
       and lost for good (never reused by anyone).
     - A block whose claim said ``expires_in_ms`` is handed out only until its deadline (the
       claim's start plus that, on ``clock``, monotonic seconds; tests pass a fake one); the
-      rest is dropped, counted and never reused (module docstring, Age bound).
+      rest is dropped, counted and never reused (docs/claiming-ids.md §4).
+    - Safe to share among threads (every shared field is read and written under the
+      client's lock); it does not survive ``fork()``: a child's inherited client refuses to
+      work (:class:`ClientClosedError`) and leaves the parent's claim and connection alone.
+
+    Latency: no GIL hand-over in the steady state. A claimer thread that wakes (for the
+    trigger, and again when its query's answer arrives) needs the GIL; a ``next_id()``
+    spinning in another thread is made to drop it and gets it back only when the OS runs it
+    again, on a busy machine milliseconds later. So the claimer thread sleeps: the caller
+    that hands out the trigger ID sends the claim itself (:meth:`NonBlockingClaimer.begin`:
+    libpq's non-blocking send, microseconds), and callers look for the answer at each block
+    boundary (``poll()``: one non-blocking read) and buffer it (with one block per segment:
+    at the segment's end). That needs the client's own connection from a conninfo string (or
+    any :class:`NonBlockingClaimer`), open, with no claim out and the last one not failed.
+    The claimer thread does everything cold: connecting and the first claim, claims over a
+    pool or a plain :class:`Claimer`, retries with backoff after any failure (a failed begun
+    claim included), and a begun claim whose answer is late: a caller that finds nothing
+    buffered hands it over (and then waits for that thread to get the GIL, up to
+    ``sys.getswitchinterval()``, 5 ms, twice), and so does :meth:`close`; the thread waits in
+    ``finish()`` on the socket (GIL released), for at most the statement timeout plus
+    ``connect_timeout_s``, then carries on as after its own claims. Python code on another
+    thread (a hand-over, a retry, an application thread) still costs a spinning caller the
+    GIL; ``allocator bench client`` measures the worst calls next to the machine's noise
+    floor. ``get_stats()`` says who ran the claims (``claims_begun``,
+    ``claims_on_caller_thread``, ``claims_handed_over``, ``claims_on_claimer_thread``) and
+    times them (a claim a caller collected: until collected).
     """
 
     def __init__(
@@ -119,6 +136,10 @@ class IdClient(Buffer):
         self._non_blocking: NonBlockingClaimer | None = (
             self._claimer if isinstance(self._claimer, NonBlockingClaimer) else None
         )
+        # One thread at a time uses the claimer's connection: the claimer thread from setting
+        # ``_claim_in_flight`` until clearing it (both under the lock), never while a begun
+        # claim is out; a caller only under the lock, to begin (no claim in flight) or poll
+        # (a begun claim not yet handed over); after the hand-over only the claimer thread.
         self._begun = False
         """A claim a caller's thread began is out (``_claim_in_flight`` is set too)."""
         self._begun_handed_over = False
@@ -149,7 +170,13 @@ class IdClient(Buffer):
     def next_id(self) -> int:
         """One ID. From memory unless the buffer is empty; then waits up to
         ``wait_timeout_s`` for a claim (raises :class:`PoolEmptyError`,
-        :class:`DatabaseUnavailableError`, :class:`ClientClosedError`)."""
+        :class:`DatabaseUnavailableError`, :class:`ClientClosedError`).
+
+        The hot path: a lock acquire, an integer increment, three comparisons and a release,
+        plus one monotonic clock read while the current block has a deadline (``_dated``);
+        it allocates nothing but the returned int (and the clock's float). Switching blocks
+        or segments, asking for a refill, dropping expired IDs, waiting and failing all
+        happen on the slow path (:meth:`_take_waiting`)."""
         lock = self._lock
         lock.acquire()
         try:
@@ -185,6 +212,10 @@ class IdClient(Buffer):
         return ids
 
     def _take_waiting(self, need: int, spans: list[Span]) -> None:
+        """The slow path: take what is buffered, else wake the claimer and wait for it, at
+        most ``wait_timeout_s`` in all (:meth:`_timeout_error`), failing at once on what
+        waiting will not cure (:meth:`_check_usable`); a failed call gives back what it had
+        gathered. A call never hangs."""
         with self._lock:
             deadline: float | None = None
             while True:
@@ -214,7 +245,7 @@ class IdClient(Buffer):
 
     def _refill_due(self) -> None:
         """The trigger ID went out: send the next claim from this thread without waiting
-        when the claimer can, else wake the claimer thread (module docstring, Latency)."""
+        when the claimer can, else wake the claimer thread (class docstring, Latency)."""
         self._disarm_refill()
         self._refill_wanted = True
         if not self._begin_claim():
@@ -337,7 +368,14 @@ class IdClient(Buffer):
         """Stop the claimer (waiting up to ``timeout`` s, default ``close_timeout_s``, for a
         claim in flight) and return the IDs never handed out: lost, never reused. Later
         calls return the same report; using the client after it raises
-        :class:`ClientClosedError`."""
+        :class:`ClientClosedError`.
+
+        Lost the same way, never handed to anyone again (this client included): a claim
+        whose answer never arrived (connection lost after commit); a claim still running
+        when this stopped waiting (``complete=False``; what it returns is logged as
+        ``client_blocks_lost_after_close``); the IDs a ``take()`` had gathered when this
+        interrupted it. A claim that lands while this waits is in the report (one a caller's
+        thread began included: the claimer thread finishes it)."""
         with self._lock:
             if self._report is not None:
                 return self._report
@@ -375,12 +413,14 @@ class IdClient(Buffer):
         self.close()
 
     def get_stats(self) -> dict[str, int]:
-        """Counters (claims, failures, waits, …) and ``ids_available`` right now."""
+        """Counters (claims, failures, waits, expired IDs and blocks, who ran the claims, …),
+        claim times in µs and ``ids_available`` right now."""
         with self._lock:
             return self._stats_snapshot()
 
     @property
     def consumer(self) -> str:
+        """The consumer name the client claims for."""
         return self._consumer
 
     # -- the claimer thread -----------------------------------------------------------------

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import click
 
-from allocator import client as client_mod
 from allocator.bench import kit
 from allocator.bench.client import report, runner
 from allocator.bench.client.runner import DEFAULT_POOL_BLOCKS
+from allocator.client.base import DEFAULT_REFILL_AT, MAX_BATCH_BLOCKS
 from allocator.commands import options
 from allocator.commands.bench import BENCH_CODES, bench, emit, interruptible
 from allocator.commands.options import SECOND, Duration, exit_codes
@@ -63,14 +63,14 @@ DEFAULT_STATE_DIR = Path(".run/bench")
 )
 @click.option(
     "--batch-blocks",
-    type=click.IntRange(1, client_mod.MAX_BATCH_BLOCKS),
+    type=click.IntRange(1, MAX_BATCH_BLOCKS),
     default=64,
     show_envvar=True,
     help="Blocks per claim (the client's segment).",
 )
 @click.option(
     "--max-batch-blocks",
-    type=click.IntRange(1, client_mod.MAX_BATCH_BLOCKS),
+    type=click.IntRange(1, MAX_BATCH_BLOCKS),
     default=256,
     show_envvar=True,
     help="Upper bound the client may grow its claims to when a prefetch comes too late.",
@@ -78,7 +78,7 @@ DEFAULT_STATE_DIR = Path(".run/bench")
 @click.option(
     "--refill-at",
     type=FiniteFloatRange(0.0, 1.0, min_open=True),
-    default=client_mod.DEFAULT_REFILL_AT,
+    default=DEFAULT_REFILL_AT,
     show_envvar=True,
     help="Fraction of a segment left when the next one is claimed.",
 )

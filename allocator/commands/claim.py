@@ -34,8 +34,9 @@ from pathlib import Path
 
 import click
 
-from allocator import client
 from allocator import config as config_mod
+from allocator.client import claim_once
+from allocator.client.base import MAX_BATCH_BLOCKS, check_consumer
 from allocator.commands import options
 from allocator.commands.options import CONFIG, OTHER, USAGE, config_options, exit_codes
 from allocator.core.errors import ConfigError
@@ -77,7 +78,7 @@ NO_URL = (
 )
 @click.option(
     "--count",
-    type=click.IntRange(1, client.MAX_BATCH_BLOCKS),
+    type=click.IntRange(1, MAX_BATCH_BLOCKS),
     default=1,
     show_envvar=True,
     help="Blocks to claim in one call; fewer come back when the pool runs short.",
@@ -97,12 +98,12 @@ def claim(
     set_pairs: tuple[str, ...],
 ) -> None:
     """Claim COUNT ID blocks for CONSUMER and print them (exit 75 when the pool is empty)."""
-    client.check_consumer(consumer)
+    check_consumer(consumer)
     if not database_url:
         raise ConfigError(NO_URL)
     # The application's URL replaces the nodes' for this command: checked by the same rules.
     config = config_mod.load_from_options(config_path, set_pairs, {"postgres.url": database_url})
-    blocks = client.claim_once(
+    blocks = claim_once(
         config.postgres.url.get_secret_value(),
         consumer,
         count,

@@ -25,10 +25,9 @@ from allocator.client import (
     InMemoryClaimer,
     PoolEmptyError,
     UnusedIds,
-    backoff_delay,
     claimers,
-    merge_ranges,
 )
+from allocator.client.base import backoff_delay, merge_ranges
 from allocator.core.errors import AllocatorError, DatabaseError, DatabaseUnavailableError
 from allocator.core.exits import Exit
 
@@ -823,7 +822,7 @@ def test_async_bad_arguments_fail_at_once() -> None:
     claimer = ScriptedClaimer([ClaimArgumentError("bad count", sqlstate="AL002")])
 
     async def main() -> None:
-        client = AsyncIdClient(claimers.AsyncAdapter(claimer), "async", wait_timeout_s=30)
+        client = AsyncIdClient(claimers._AsyncAdapter(claimer), "async", wait_timeout_s=30)
         try:
             with pytest.raises(ClaimArgumentError, match="bad count"):
                 await client.next_id()

@@ -21,9 +21,12 @@ from allocator.client import (
     IdClient,
     InMemoryClaimer,
     PoolEmptyError,
+)
+from allocator.client.base import (
+    CLAIMS_PAUSED_SQLSTATE,
+    KEEP_CONNECTION_SQLSTATES,
     translate_claim_error,
 )
-from allocator.client.base import CLAIMS_PAUSED_SQLSTATE, KEEP_CONNECTION_SQLSTATES
 
 FIRST = 1 << 22
 PAUSED = "claim ID blocks: claims paused: no ID block is handed out until an operator resumes"
