@@ -8,7 +8,7 @@
 #   `allocator_owner`, which is in `pg_read_all_stats` (granted here, as the superuser);
 # - the standby's physical replication slot, so the primary keeps the WAL it has not had;
 # - synchronous_standby_names: from the next start on, a commit returns only once the
-#   standby has flushed it (DESIGN I4 across a failover; docs/postgres-ha.md). Written with
+#   standby has flushed it (I4 of docs/design.md §2 across a failover; docs/postgres-ha.md). Written with
 #   ALTER SYSTEM and not reloaded, so the statements here do not wait for a standby that
 #   does not exist yet.
 #
