@@ -36,6 +36,8 @@ lint: venv
 	$(BIN)/ruff check allocator jobs migrations tests
 	$(BIN)/ruff format --check allocator jobs migrations tests
 	$(BIN)/mypy --strict allocator jobs
+	@# The fakes are held to the ports by type too: FakeStore must satisfy NodeStore and LeaderStore.
+	$(BIN)/mypy --strict tests/fakes tests/contract
 
 test: test-deps venv lint
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
