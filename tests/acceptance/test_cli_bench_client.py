@@ -1,6 +1,6 @@
 """``allocator bench client`` in a subprocess: its JSON, and nothing left running.
 
-Timings are never asserted here (DESIGN §9): only the shape of the output, that every ID
+Timings are never asserted here (docs/design.md §9): only the shape of the output, that every ID
 the client handed out was counted, and that the embedded cluster is gone afterwards.
 """
 

@@ -1,6 +1,6 @@
 """``allocator bench slow-consumer`` in a subprocess: its JSON keys, and nothing left running.
 
-Timings are never asserted here (DESIGN §9): only the shape of the output, what the bench
+Timings are never asserted here (docs/design.md §9): only the shape of the output, what the bench
 says about the held claim (a behaviour: it survived the run and came back to the pool after
 its rollback), and that the embedded cluster the command brought up is gone afterwards.
 """

@@ -35,7 +35,7 @@ from tests import output_schemas
 pytestmark = pytest.mark.integration
 
 ALLOCATOR = str(Path(sys.executable).with_name("allocator"))
-DESIGN_KEYS = {
+STABLE_KEYS = {
     "scenario",
     "rounds",
     "violations",
@@ -100,7 +100,7 @@ def test_every_scenario_once_passes_writes_a_report_and_stops_everything(
     by_name = {s["scenario"]: s for s in data["scenarios"]}
     assert set(by_name) == set(SCENARIOS)
     for name, result in by_name.items():
-        assert result.keys() >= DESIGN_KEYS
+        assert result.keys() >= STABLE_KEYS
         assert result["rounds"] == 1
         assert result["failed_rounds"] == 0, result["round_results"]
         assert result["violations"] == []

@@ -1,4 +1,4 @@
-"""``allocator local`` in subprocesses: up, status (JSON keys of DESIGN §10), drills, down.
+"""``allocator local`` in subprocesses: up, status (JSON keys of docs/design.md §10), drills, down.
 
 The node tests run a stand-in for ``allocator run`` (a Python one-liner that sleeps), given
 with ``--node-command``: what is tested here is the supervision, not the node.
@@ -24,7 +24,7 @@ from allocator.local.processes import is_pid_alive
 pytestmark = pytest.mark.integration
 
 ALLOCATOR = str(Path(sys.executable).with_name("allocator"))
-DESIGN_KEYS = {"state_dir", "zk_hosts", "database_url", "zk_servers", "postgres", "nodes"}
+STABLE_KEYS = {"state_dir", "zk_hosts", "database_url", "zk_servers", "postgres", "nodes"}
 NODE_KEYS = {"name", "pid", "admin_url", "restarts", "last_exit_code", "state"}
 STAND_IN = f"{sys.executable} -c 'import time; time.sleep(600)'"
 
@@ -56,7 +56,7 @@ def state_dir(tmp_path: Path) -> Iterator[Path]:
 def test_up_status_drill_down(state_dir: Path) -> None:
     flags = ("--zk", "1", "--nodes", "0", "--json", "--no-migrate", "--state-dir", state_dir)
     up: dict[str, Any] = json.loads(ok("local", "up", *flags))
-    assert up.keys() >= DESIGN_KEYS
+    assert up.keys() >= STABLE_KEYS
     assert up["state_dir"] == str(state_dir)
     assert up["nodes"] == []
     [server] = up["zk_servers"]
@@ -70,7 +70,7 @@ def test_up_status_drill_down(state_dir: Path) -> None:
     status = json.loads(
         ok("local", "status", "--json", env={"ALLOCATOR_LOCAL_STATE_DIR": str(state_dir)})
     )
-    assert status.keys() >= DESIGN_KEYS
+    assert status.keys() >= STABLE_KEYS
     assert [s["pid"] for s in status["zk_servers"]] == [server["pid"]]
     assert status["postgres"]["pid"] == up["postgres"]["pid"]
     assert status["zk_servers"][0]["mode"] == "standalone"
@@ -115,7 +115,7 @@ def test_nodes_under_the_supervisor(state_dir: Path) -> None:
     up: dict[str, Any] = json.loads(
         ok("local", "up", *flags, *node_flags, "--session-timeout", "6s")
     )
-    assert up.keys() >= DESIGN_KEYS | {"node_database_url", "consumer_database_url"}
+    assert up.keys() >= STABLE_KEYS | {"node_database_url", "consumer_database_url"}
     assert [n["name"] for n in up["nodes"]] == ["node-1", "node-2"]
     assert all(n.keys() >= NODE_KEYS for n in up["nodes"])
     assert all(n["state"] == "running" and is_pid_alive(n["pid"]) for n in up["nodes"])

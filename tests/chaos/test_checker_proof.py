@@ -104,7 +104,7 @@ def test_checker_catches_a_leader_that_moves_the_mark_ahead_of_the_database_cloc
     clock agreeing cuts blocks an hour ahead, bypassing ``cut_blocks``' check.
 
     Must hold: the checker reports I5 "past the database clock" (what ``cut_blocks``
-    forbids in the product, DESIGN §11). Cost: ~4 s.
+    forbids in the product, docs/design.md §11). Cost: ~4 s.
     """
     with ChaosCluster(zk=1, nodes=0) as chaos:
         ahead = chaos.start_extra_node(

@@ -7,7 +7,7 @@ returns under Python here). Nothing in the product knows it is being tested.
 
 What used to happen: the skewed leader moved the high-water mark to its own clock, and every
 node with a correct clock then refused to cut until that date (1,411 of 1,475 claims failed
-with "pool empty" in 30 s). What must hold now (DESIGN §11): the skewed leader takes the
+with "pool empty" in 30 s). What must hold now (docs/design.md §11): the skewed leader takes the
 fence but cuts nothing (its clock disagrees with the database's: alert metric, log event);
 alone it keeps leading and says the handover is withheld; once a node whose clock agrees
 queues, it hands over to it, and that node cuts. The mark never passes the database clock

@@ -13,7 +13,7 @@ timeouts), so "nothing hangs" is what these tests are about. A node hangs if its
 ``/status`` does not answer within ``STATUS_TIMEOUT_S``: every wait during a cut polls the
 ``/status`` of every node first.
 
-Timing contract (the product's, DESIGN §11): a leader hands over after
+Timing contract (the product's, docs/design.md §11): a leader hands over after
 ``leader.db_unreachable_s`` without a successful write; a contender's advert of
 ``db_ok`` is at most about two ``leader.probe_interval_s`` old (an unanswered probe counts as
 unreachable after one interval). Handing over only to contenders that really reach the

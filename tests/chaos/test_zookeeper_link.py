@@ -173,7 +173,7 @@ def test_leader_paused_behind_a_silent_partition_is_fenced_by_postgres() -> None
 def test_a_follower_cut_off_longer_than_the_session_stops_itself() -> None:
     """Breaks: a follower's connection to ZooKeeper, for longer than its session timeout.
 
-    Must hold (DESIGN §4: "if not reconnected within the session timeout, treat it as
+    Must hold (docs/design.md §4: "if not reconnected within the session timeout, treat it as
     LOST"; "followers behave the same"): the follower exits 3 by its own timer while the
     link is still down. (It once did not: its ZooKeeper calls waited for the reconnect, so
     the timer never ran; every election call is now bounded.) Cost: ~5 s.

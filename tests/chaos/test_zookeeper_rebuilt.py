@@ -7,7 +7,7 @@ are run: ``exit`` (the supervisor restarts the node) and ``rejoin`` (the node bu
 client: the old one remembers a last zxid the rebuilt ensemble refuses).
 
 What used to happen: every candidate got AL101 and retried forever, silently. What must hold
-(DESIGN §3, §11): the nodes recreate their chroot, join, find the fence ahead of ZooKeeper
+(docs/design.md §3, §11): the nodes recreate their chroot, join, find the fence ahead of ZooKeeper
 and report it (metric, ``/status``, log) instead of churning; consumers keep claiming from
 the pool; after ``allocator fence rebase`` a leader of the new generation cuts within
 seconds; a write carrying a pre-rebase token is rejected; the checker finds nothing.

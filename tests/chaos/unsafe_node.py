@@ -4,7 +4,7 @@ master.
 Run as ``python -m tests.chaos.unsafe_node`` with the same ``ALLOCATOR_*`` environment as
 ``allocator run``. It is a real node wired by the product's composition root
 (:func:`allocator.commands.run.build_node`) with two collaborators replaced through the
-node's seams, never through a switch in the product (DESIGN §11):
+node's seams, never through a switch in the product (docs/design.md §11):
 
 - :class:`UnsafeTerm`: ``may_write`` ignores the session and the end of its term;
 - :class:`UnsafeLeaderJobs`: when the term ends, one more refill runs before the jobs stop,

@@ -42,7 +42,7 @@ pytestmark = pytest.mark.integration
 
 T = TypeVar("T")
 WAIT_S = 30.0
-DESIGN_KEYS = {"state_dir", "zk_hosts", "database_url", "zk_servers", "postgres", "nodes"}
+STABLE_KEYS = {"state_dir", "zk_hosts", "database_url", "zk_servers", "postgres", "nodes"}
 
 
 def eventually(check: Callable[[], T], timeout_s: float = WAIT_S, what: str = "") -> T:
@@ -214,7 +214,7 @@ def test_stop_escalates_to_sigkill_of_the_process_group(tmp_path: Path) -> None:
 
 def test_ensemble_serves_on_loopback(cluster3: LocalCluster) -> None:
     info = cluster3.status()
-    assert info.to_json().keys() >= DESIGN_KEYS
+    assert info.to_json().keys() >= STABLE_KEYS
     assert {"id", "pid", "client_port"} <= info.to_json()["zk_servers"][0].keys()
     assert {"pid", "port"} <= info.to_json()["postgres"].keys()
     assert info.to_json()["nodes"] == []

@@ -145,7 +145,7 @@ def test_leader_fenced_by_a_newer_epoch_exits(
 def test_leader_whose_clock_disagrees_cuts_nothing_and_hands_over_only_to_a_fit_contender(
     make_node: Callable[..., RunningNode], db_url: str, skew_ms: int
 ) -> None:
-    """DESIGN §11: a clock a minute behind or an hour ahead of the database's. The skewed
+    """docs/design.md §11: a clock a minute behind or an hour ahead of the database's. The skewed
     leader takes the fence but cuts nothing; alone, it keeps leading (handover withheld, the
     pool serves); once a node with a good clock queues, it hands over to it."""
     first = make_node("a")
@@ -396,7 +396,7 @@ def test_step_down_over_http_is_refused_without_a_configured_token(
 def test_a_node_with_another_layout_refuses_to_lead_and_exits_78_naming_both(
     make_node: Callable[..., RunningNode], db_url: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """DESIGN §11: the layout is recorded by the first takeover and checked by every later
+    """docs/design.md §11: the layout is recorded by the first takeover and checked by every later
     takeover and cut (in SQL, AL104); a misconfigured node stops as a configuration error."""
     first = make_node("a")
     wait_for(lambda: available(db_url) >= 40, "the pool to fill")

@@ -262,7 +262,7 @@ def test_one_broken_rule_is_capped() -> None:
     assert kinds(found) == {"I3"}
 
 
-# -- the rules added with the production faults (DESIGN §11) -----------------------------
+# -- the rules added with the production faults (docs/design.md §11) ------------------------
 
 
 def write(write_id: int, seconds: float, epoch: int, generation: int = 0) -> WriteRow:
@@ -340,7 +340,7 @@ def test_a_mark_already_ahead_may_keep_its_lead_but_never_grow_it() -> None:
     assert check(claims, kept, terms, LAYOUT)[0].invariant == "I5"
 
 
-# -- the recorded layout (DESIGN §11: checked on every cut) -------------------------------
+# -- the recorded layout (docs/design.md §11: checked on every cut) -------------------------
 
 
 def test_blocks_of_the_recorded_datacenter_are_clean() -> None:
