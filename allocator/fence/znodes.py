@@ -1,8 +1,8 @@
-"""The fence's znodes beside the election path, read and written through kazoo: the
-generation (written by ``fence rebase`` only) and the watermark (raised by leaders).
+"""The fence's znodes beside the election path, read and written through kazoo.
 
-Every call is bounded: kazoo queues requests while disconnected, and a plain call would
-wait for the reconnect, however long.
+The generation (written by ``fence rebase`` only) and the watermark (raised by leaders).
+Every call is bounded: kazoo queues requests while disconnected, and a plain call would wait
+for the reconnect, however long.
 """
 
 from __future__ import annotations
