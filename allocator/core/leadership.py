@@ -94,6 +94,9 @@ class SessionGuard:
 
     @property
     def lost(self) -> bool:
+        """True once the session was lost (kazoo LOST, or the guard's own timer), until
+        :meth:`reset`.
+        """
         return self._lost.is_set()
 
     @property

@@ -132,7 +132,8 @@ def read_zookeeper_fence(
 
     ``election_path`` is as ``client`` addresses it; ``chroot`` only names the znode for
     people when ``client`` runs inside one. ``watermark``: :func:`read_watermark`'s answer
-    read before the database (module rules); read here when not given.
+    read before the database (the order of :func:`allocator.cluster_status.gather`); read here
+    when not given.
     """
     path = fence.generation_path(election_path)
     wait(client.sync_async(election_path), config)

@@ -219,6 +219,9 @@ class ClaimInFlight:
     state_change: datetime | None
 
     def describe(self) -> str:
+        """The session in one line for an error message: pid, user, application, client,
+        state, since when.
+        """
         since = self.xact_start.isoformat(timespec="seconds") if self.xact_start else "?"
         return (
             f"pid {self.pid} ({self.usename or '?'}, application "
@@ -281,6 +284,7 @@ class OperatorSession:
         return rows[0] if rows else None
 
     def pool_status(self) -> PoolStatus:
+        """The one row of ``allocator.pool_status``."""
         return self._one("read the pool status", sql.POOL_STATUS, {}, PoolStatus)
 
     def block_age_status(self) -> BlockAgeStatus:
