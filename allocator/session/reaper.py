@@ -150,13 +150,14 @@ def decide(
       not parse, is ignored and reported, never removed. A node whose ``node.name`` is not
       configured gets ``<hostname>-<pid>``, a new name at every start, so it never reaps.
     - Then one proof: the caller's child handle saw the process exit (``exited_pid``); or
-      the state folder's lock is not held by the writer that took it (``holds_lock``: the
-      kernel drops it when the process dies, in any pid namespace, never while it is paused;
-      a held lock proves it alive); or the host's boot id changed (a reboot ends every
-      process, but a held lock wins: a reaper that reads another boot id may run on another
-      kernel); or, for a file without that lock (an older release, no ``flock``), the
-      recorded pid is gone or has another start time (a reused pid). Liveness is never
-      judged from ``/proc/<pid>/cmdline`` (empty for a moment right after an exec).
+      nobody holds the state folder's lock the writer took with the file (``holds_lock``:
+      the kernel drops it when the process dies, in any pid namespace, never while it is
+      paused; a held lock proves it alive); or the host's boot id changed (a reboot ends
+      every process, but a held lock wins: a reaper that reads another boot id may run on
+      another kernel); or, where the lock cannot be probed or the file does not say its
+      writer held it (an older release, no ``flock``), the recorded pid is gone or has
+      another start time (a reused pid). Liveness is never judged from
+      ``/proc/<pid>/cmdline`` (empty for a moment right after an exec).
     - The pid rules: a pid means something only in its pid namespace, and "I cannot see that
       pid" is never death. Pid and start time are judged only by a reaper that sees itself
       in a ``/proc`` of its own pid namespace and runs in the namespace the file names;
