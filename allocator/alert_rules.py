@@ -1,21 +1,10 @@
 """The alert rules' runbook links: where each ``runbook_url`` points, and pointing them
 elsewhere (``allocator alerts render``).
 
-Rules:
-
-- Every alert's ``runbook_url`` is a runbook's URL plus ``#`` and the alert's section of
-  it (its name in lower case, the anchor docs/operations.md's heading gets). The rules in
-  deploy/prometheus/ and the PrometheusRule in deploy/k8s/ carry :data:`DEFAULT_RUNBOOK`,
-  where the project publishes docs/operations.md, so Alertmanager's links resolve as
-  shipped; :func:`with_runbook` rewrites them for a copy of the runbook elsewhere (a wiki,
-  the docs of the release you run).
-- A runbook URL is absolute: ``https://`` or ``http://``, a host, no ``#`` (the anchor is
-  appended) and only the characters RFC 3986 allows, so it stays one YAML plain scalar and
-  holds nothing Prometheus' templates would expand. Anything else is a ValueError saying
-  what is wrong.
-- The rewrite is textual, a line at a time: only the value of each ``runbook_url:`` line
-  changes, so comments, order and the PrometheusRule's indentation stay as they are. Text
-  with no ``runbook_url``, or one without an anchor, is a ValueError naming the line.
+The rules in deploy/prometheus/ and the PrometheusRule in deploy/k8s/ carry
+:data:`DEFAULT_RUNBOOK`, where the project publishes docs/operations.md, so Alertmanager's
+links resolve as shipped; :func:`with_runbook` rewrites them for a copy of the runbook
+elsewhere (a wiki, the docs of the release you run).
 """
 
 from __future__ import annotations
@@ -35,7 +24,13 @@ _VALUE = re.compile(r"(?P<quote>['\"]?)(?P<url>[^#'\"\s]*)#(?P<anchor>[A-Za-z0-9
 
 
 def check_runbook(url: str) -> str:
-    """``url`` if it can be the base of every ``runbook_url``; else ValueError."""
+    """``url`` if it can be the base of every ``runbook_url``; else a ValueError saying what
+    is wrong.
+
+    Absolute (``https://`` or ``http://``), with a host, no ``#`` (the anchor is appended)
+    and only the characters RFC 3986 allows, so it stays one YAML plain scalar and holds
+    nothing Prometheus' templates would expand.
+    """
     if not url:
         raise ValueError("the runbook URL is empty")
     if "#" in url:
@@ -63,7 +58,14 @@ def runbook_links(text: str) -> list[tuple[str, str]]:
 
 def with_runbook(text: str, runbook: str) -> str:
     """``text`` (a rules file or a PrometheusRule) with every ``runbook_url`` pointing at
-    ``runbook`` (checked by :func:`check_runbook`), each keeping its anchor."""
+    ``runbook``, each keeping its anchor.
+
+    A ``runbook_url`` is a runbook's URL plus ``#`` and the alert's section (its name in
+    lower case, the anchor docs/operations.md's heading gets). The rewrite is textual, a
+    line at a time: only the value of each ``runbook_url:`` line changes, so comments, order
+    and the PrometheusRule's indentation stay. Text with no ``runbook_url``, or one without
+    an anchor, is a ValueError naming the line.
+    """
     check_runbook(runbook)
     runbook_links(text)  # one at least, each with an anchor
     lines = []

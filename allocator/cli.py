@@ -1,37 +1,21 @@
-"""The ``allocator`` console script.
-
-Rules: one click group; each command lives in ``allocator.commands.<name>`` and is
-registered here. Exit codes are the one table's (:mod:`allocator.core.exits`, printed by
-``allocator --help``): errors derived from :class:`allocator.core.errors.AllocatorError`
-print one line (``error: <message>: <cause>``) on stderr and exit with the error's code;
-click's own usage errors (an unknown option, a bad value) exit 64 like ours; an unexpected
-exception (a bug) prints its traceback and exits 70; no tracebacks for expected failures; an
-error line never holds a line break or a control character (they are escaped:
-:func:`one_line`). Every line the CLI prints about an error (click's usage errors, an
-unexpected exception's traceback too) and every log line has its secrets masked
-(:mod:`allocator.core.redact`). kazoo's own log is quiet below ERROR in every command but
-``run`` (a node logs its reconnects): its retry chatter, a WARNING per refused connection,
-never comes before a command's one error line, which says the same. Every command's
-``--help`` ends with its exit codes (:func:`allocator.commands.options.exit_codes`). A
-reader that goes away (``allocator status | head``) is no bug: click ends the command
-quietly (exit 1).
+"""The ``allocator`` console script: one click group; each command lives in
+``allocator.commands.<name>`` and is registered here.
 
 Every option that matters in production can also be set through an ``ALLOCATOR_*``
-environment variable (``auto_envvar_prefix``: ``ALLOCATOR_<COMMAND>_<OPTION>``), shown in
-``--help`` -- except the dangerous choices, which a person types each time and which are
-never read from the environment (:func:`allocator.commands.options.typed_option`; a unit
-test walks every command for them): ``--yes`` (``migrate``, ``fence rebase``, ``pool
-reset``), ``migrate --to``, ``fence rebase --reason``, ``pool reset --reason``, ``pool pause
---reason`` and ``pool resume --reason`` (the audit record's why), ``pool reset
---after-restore``, ``pool reset --old-database-url`` and ``pool reset
---old-database-unreachable`` (which bound protects the IDs), ``local down --purge`` and
-``local up --node-command`` (what runs as a node).
+environment variable (``ALLOCATOR_<COMMAND>_<OPTION>``), shown in ``--help``, except the
+dangerous choices, which a person types each time
+(:func:`allocator.commands.options.typed_option`; a unit test holds this list to the
+commands): ``--yes`` (``migrate``, ``fence rebase``, ``pool reset``), ``migrate --to``,
+``fence rebase --reason``, ``pool reset --reason``, ``pool pause --reason`` and ``pool
+resume --reason`` (the audit record's why), ``pool reset --after-restore``, ``pool reset
+--old-database-url`` and ``pool reset --old-database-unreachable`` (which bound protects the
+IDs), ``local down --purge`` and ``local up --node-command`` (what runs as a node).
 
-No option carries a secret: a ``--database-url`` whose URL holds a password is refused
-(a command line shows in every process list); the URL then comes from the command's
-``ALLOCATOR_<COMMAND>_DATABASE_URL``, from a file (``--database-url-file``) or from the
-config's ``postgres.url``, or the password from libpq's ``PGPASSWORD`` / ``PGPASSFILE``.
-``--set`` refuses the secret keys, and ``local up --node-env`` refuses secret variables.
+No option carries a secret: a ``--database-url`` whose URL holds a password is refused (a
+command line shows in every process list); the URL then comes from the command's
+``ALLOCATOR_<COMMAND>_DATABASE_URL``, a file (``--database-url-file``) or the config's
+``postgres.url``, or the password from libpq's ``PGPASSWORD`` / ``PGPASSFILE``. ``--set``
+refuses the secret keys, and ``local up --node-env`` refuses secret variables.
 """
 
 from __future__ import annotations
@@ -57,9 +41,19 @@ def one_line(text: str) -> str:
 
 
 class _Group(click.Group):
-    """A click group that turns AllocatorError into one line and an exit code."""
+    """A click group that turns AllocatorError into one line and an exit code.
+
+    Exit codes are the one table's (:mod:`allocator.core.exits`, printed by ``allocator
+    --help``; every command's ``--help`` ends with its own). An :class:`AllocatorError`
+    prints ``error: <message>: <cause>`` on stderr and exits with its code; click's usage
+    errors exit 64 like ours; an unexpected exception (a bug) prints its traceback and exits
+    70; a reader that goes away (``allocator status | head``) is no bug: click ends quietly
+    (exit 1). Every error line is one line (:func:`one_line`) with its secrets masked
+    (:mod:`allocator.core.redact`), click's usage errors and a bug's traceback included.
+    """
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        """The group's own options: a usage error as one masked line, exit 64."""
         try:
             return super().parse_args(ctx, args)
         except click.UsageError as exc:  # the group's own options: one line too
@@ -70,6 +64,7 @@ class _Group(click.Group):
             raise _usage_error(safe, exc.ctx) from None
 
     def invoke(self, ctx: click.Context) -> Any:
+        """Run the command; its errors leave as one masked line and the table's code."""
         try:
             return super().invoke(ctx)
         except errors.AllocatorError as exc:
@@ -142,7 +137,12 @@ def main(ctx: click.Context) -> None:
 
 
 def _quiet_kazoo(ctx: click.Context) -> None:
-    """kazoo below ERROR silenced until the command ends (module rules)."""
+    """kazoo below ERROR silenced until the command ends, in every command but ``run`` (a
+    node logs its reconnects).
+
+    Its retry chatter, a WARNING per refused connection, never comes before a command's one
+    error line, which says the same.
+    """
     kazoo = logging.getLogger("kazoo")
     level = kazoo.level
     kazoo.setLevel(logging.ERROR)
@@ -150,6 +150,7 @@ def _quiet_kazoo(ctx: click.Context) -> None:
 
 
 def _register() -> None:
+    """Add every command of :data:`allocator.commands.COMMANDS` to the group."""
     from allocator.commands import COMMANDS
 
     for command in COMMANDS:

@@ -1,33 +1,9 @@
-"""The cluster as an operator sees it: election order and the fence generation from ZooKeeper,
-pool, fence, terms and re-bases from PostgreSQL; shared by ``allocator status``, ``watch``,
+"""The cluster as an operator sees it, shared by ``allocator status``, ``watch``,
 ``step-down`` and ``fence``.
 
-Rules:
-
-- Read-only and short-lived: one kazoo client, plain database connections, all closed
-  before returning. The operator's ZooKeeper client authenticates with ``zookeeper.auth``
-  like a node's, and every ZooKeeper call waits at most the connect timeout.
-- The order of the reads: ZooKeeper's watermark, then the database, then the rest of
-  ZooKeeper (after a ``sync``). Every czxid the fence can hold was created before the
-  database read, so the election path's ``pzxid`` read afterwards is at least that czxid
-  in a healthy ensemble; the watermark lags the database, so read before it, it is at or
-  below what the database holds. Any other order reports a leader elected, or cutting,
-  between the reads as a fence *ahead of ZooKeeper* or a database *behind* it.
-- Nothing ZooKeeper holds crashes the report: the queue is ordered by znode name and stat
-  alone (:func:`allocator.zookeeper.election.read_queue`); contender data we cannot read shows
-  as "?"
-  with its ``problem`` (:meth:`Identity.parse`), children that take no place in the queue
-  are listed as ignored, a generation znode that holds no number is a ``problem``
-  with ``zookeeper_generation`` and ``ahead_of_zookeeper`` null (unknown), and a missing
-  chroot or election path is an empty election.
-- ``to_json`` is what ``status --json`` prints: every key in docs/schemas/status.schema.json
-  (tests hold real output to it; keys are added there, never removed or retyped).
-  ``leader.epoch`` is the czxid half of the token; ``contenders[].db_ok`` / ``clock_ok`` are
-  as the contender advertises them (null: not advertised); ``fence`` is
-  :meth:`FenceReport.to_json`; ``claims_pause`` is null when claims are served, or when the
-  role may not read ``claim_pause_history``.
-- Errors leave as the project's own: ZooKeeper unreachable → :class:`ZooKeeperUnavailableError`,
-  refused for lack of auth → :class:`ConfigError` naming ``zookeeper.auth``.
+Election order and the fence generation from ZooKeeper; pool, fence, terms and re-bases from
+PostgreSQL. Read-only and short-lived: one kazoo client and plain database connections, all
+closed before returning; every ZooKeeper call waits at most the connect timeout.
 """
 
 from __future__ import annotations
@@ -53,6 +29,15 @@ from allocator.zookeeper.election import Contender, Ignored, Queue, read_queue
 
 @dataclass(frozen=True)
 class ClusterStatus:
+    """Everything ``allocator status`` shows, read by :func:`gather`.
+
+    Nothing ZooKeeper holds crashes the report: contender data that does not parse shows as
+    "?" with its ``problem``, children that take no place in the queue are listed as
+    ignored, a generation znode that holds no number is a ``problem`` with
+    ``zookeeper_generation`` and ``ahead_of_zookeeper`` null (unknown), and a missing chroot
+    or election path is an empty election.
+    """
+
     contenders: list[Contender]
     pool: PoolStatus
     terms: list[TermRecord]
@@ -67,12 +52,23 @@ class ClusterStatus:
 
     @property
     def leader(self) -> Contender | None:
+        """The first contender, or None when nobody is in the election."""
         return self.contenders[0] if self.contenders else None
 
     def leader_epoch(self) -> int | None:
+        """The fence's epoch when the first contender holds it, else None."""
         return leader_epoch(self.contenders, self.pool)
 
     def to_json(self) -> dict[str, Any]:
+        """What ``status --json`` prints: every key of docs/schemas/status.schema.json
+        (docs/design.md §10).
+
+        Tests hold real output to the schema; keys are added there, never removed or
+        retyped. ``leader.epoch`` is the czxid half of the token; ``contenders[].db_ok`` /
+        ``clock_ok`` are as the contender advertises them (null: not advertised); ``fence``
+        is :meth:`FenceReport.to_json`; ``claims_pause`` is null when claims are served, or
+        when the role may not read ``claim_pause_history``.
+        """
         pause = self.claims_pause
         return {
             **cluster_json(self.contenders, self.pool, self.terms, self.ignored, self.block_age),
@@ -174,7 +170,12 @@ def cluster_json(
 
 
 def read_zookeeper(config: Config) -> tuple[Queue, ZooKeeperFence]:
-    """The election queue and the fence as ZooKeeper sees it, from one session."""
+    """The election queue and the fence as ZooKeeper sees it, from one session.
+
+    The operator's client authenticates with ``zookeeper.auth`` like a node's. ZooKeeper
+    unreachable → :class:`ZooKeeperUnavailableError`; refused for lack of auth →
+    :class:`ConfigError` naming ``zookeeper.auth``.
+    """
     path = config.zookeeper.election_path
     client = zookeeper_client(config)
     start(client, config)
@@ -190,6 +191,7 @@ def read_zookeeper(config: Config) -> tuple[Queue, ZooKeeperFence]:
 
 
 def read_contenders_once(config: Config) -> list[Contender]:
+    """The contenders in election order, from a session of their own."""
     return read_zookeeper(config)[0].contenders
 
 
@@ -230,14 +232,22 @@ def read_block_age(
 def gather(
     config: Config, history_limit: int = 10, rebase_limit: int = REBASE_HISTORY_LIMIT
 ) -> ClusterStatus:
-    """Everything ``allocator status`` shows; ``rebase_limit=0`` skips the fence history."""
+    """Everything ``allocator status`` shows; ``rebase_limit=0`` skips the fence history.
+
+    The order of the reads: ZooKeeper's watermark, then the database, then the rest of
+    ZooKeeper (after a ``sync``). Every czxid the fence can hold was created before the
+    database read, so the election path's ``pzxid`` read afterwards is at least that czxid
+    in a healthy ensemble; the watermark lags the database, so read before it, it is at or
+    below what the database holds. Any other order reports a leader elected, or cutting,
+    between the reads as a fence ahead of ZooKeeper or a database behind it.
+    """
     url = config.postgres.url.get_secret_value()
     timeout_s = config.postgres.connect_timeout_s
     path = config.zookeeper.election_path
     client = zookeeper_client(config)
     start(client, config)
     try:
-        with zookeeper_errors(config, "read the election"):  # the watermark first: module rules
+        with zookeeper_errors(config, "read the election"):  # the watermark first (docstring)
             wait(client.sync_async(path), config)
             watermark = read_watermark(client, path, config)
         pool, terms = read_status(url, history_limit=history_limit, connect_timeout_s=timeout_s)

@@ -1,20 +1,8 @@
 """The ``allocator`` console script's entry point: :func:`allocator.cli.main`, or one line
 saying how to install the node's dependencies when they are missing.
 
-Rules:
-
-- ``pip install snowflake-block-allocator`` is the client-only install
-  (:mod:`allocator.client` and what it needs: psycopg, psycopg-pool and structlog); the CLI,
-  the node and everything else need the ``node`` extra (``pip install
-  'snowflake-block-allocator[node]'``). The console script is installed either way, so here
-  a missing third-party module ends in one line on stderr and exit 69 (EX_UNAVAILABLE, a
-  missing prerequisite, as for the node) instead of a traceback.
-- ``allocator --version`` answers in a client-only install too (exit 0, the same line as
-  the CLI's): what is installed is a fair question before installing the rest.
-- Only a missing module outside ``allocator`` is explained; a missing ``allocator`` module
-  (a broken install) and every other import error propagate unchanged.
-- Imports nothing at module level beyond the standard library and ``allocator`` itself
-  (its ``__init__`` imports nothing).
+Imports nothing at module level beyond the standard library and ``allocator`` itself (whose
+``__init__`` imports nothing).
 """
 
 from __future__ import annotations
@@ -28,7 +16,17 @@ EXIT_MISSING_PREREQUISITE = 69
 
 
 def main() -> None:
-    """Run the CLI, or explain that the node's dependencies are not installed."""
+    """Run the CLI, or explain that the node's dependencies are not installed.
+
+    ``pip install snowflake-block-allocator`` is the client-only install
+    (:mod:`allocator.client` with psycopg, psycopg-pool and structlog); the CLI and the node
+    need the ``node`` extra. The console script is installed either way, so a missing
+    third-party module ends in one line on stderr and exit 69 (a missing prerequisite)
+    instead of a traceback. ``--version`` answers in a client-only install too (exit 0, the
+    CLI's line). Only a missing module outside ``allocator`` is explained; a missing
+    ``allocator`` module (a broken install) and every other import error propagate
+    unchanged.
+    """
     try:
         from allocator.cli import main as cli_main
     except ModuleNotFoundError as exc:

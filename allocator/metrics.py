@@ -1,23 +1,9 @@
-"""Prometheus metrics of one node, in a registry of its own (no global state).
+"""Prometheus metrics of one node, in a registry of its own (no global state): the list of
+every metric (docs/design.md §7).
 
-Rules: names are ``allocator_*`` with units in the name; counters end in ``_total``. Every
-metric an alert rule or the dashboard uses (deploy/prometheus, deploy/grafana) is listed
-here and nowhere else. A node creates one :class:`NodeMetrics`; tests create as many as
-they like.
-
-- Pool figures (``allocator_pool_*``) do not depend on which node leads: every node reads
-  ``pool_status`` itself (:mod:`allocator.node.pool_watch`), so any one scraped node tells the
-  pool's state, and a follower never exports a made-up 0. Until a node's first reading
-  they are NaN (no value), never 0.
-- The age of an ID (``allocator_pool_oldest_block_age_seconds``,
-  ``allocator_pool_max_block_age_seconds``, ``allocator_claimed_block_age_seconds``,
-  ``allocator_blocks_voided_aged_total``) comes from the leader's jobs only (its sampling and
-  aging runs), so only the leader exports the gauges: NaN elsewhere, and NaN again once it
-  stops leading. The oldest block's age is NaN while the pool is empty, the bound NaN
-  before a leader of migration 0011 wrote one.
-- What only a leader knows (its term, its cutting alerts) is reset by
-  :meth:`NodeMetrics.leadership_ended` when it stops leading, so an ex-leader never keeps
-  exporting a stale alert.
+Names are ``allocator_*`` with units in the name; counters end in ``_total``. Every metric
+an alert rule or the dashboard uses (deploy/prometheus, deploy/grafana) is defined here and
+nowhere else. A node creates one :class:`NodeMetrics`; tests create as many as they like.
 """
 
 from __future__ import annotations
@@ -47,7 +33,19 @@ and bounds down to a few seconds (tests) and up to an hour."""
 
 
 class NodeMetrics:
-    """The metrics a node exports on ``/metrics``."""
+    """The metrics a node exports on ``/metrics``.
+
+    - Pool figures (``allocator_pool_*``) do not depend on which node leads: every node
+      reads ``pool_status`` itself (:mod:`allocator.node.pool_watch`), so any scraped node
+      tells the pool's state and a follower never exports a made-up 0. Until a node's first
+      reading they are NaN, never 0.
+    - The age of an ID (``allocator_pool_oldest_block_age_seconds``,
+      ``allocator_pool_max_block_age_seconds``, ``allocator_claimed_block_age_seconds``,
+      ``allocator_blocks_voided_aged_total``) comes from the leader's jobs only, so only the
+      leader exports the gauges: NaN elsewhere, and NaN again once it stops leading. The
+      oldest block's age is NaN while the pool is empty, the bound NaN before a leader of
+      migration 0011 wrote one.
+    """
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -285,7 +283,9 @@ class NodeMetrics:
             self.blocked.labels(reason=known).set(int(known == reason))
 
     def leadership_ended(self) -> None:
-        """Reset what only a leader exports (module rules)."""
+        """Reset what only a leader exports (its term, its cutting alerts, the age gauges),
+        so an ex-leader never keeps exporting a stale alert.
+        """
         for gauge in (
             self.is_leader,
             self.fence_epoch,

@@ -1,6 +1,6 @@
-"""Scheduled jobs (APScheduler 3.x): refill, retention, pool sampling.
+"""Scheduled jobs (APScheduler 3.x): the leader's refill, low-water check, retention, aging
+and pool sampling.
 
-Rules: each job is a small module here; jobs import ``allocator``, never the reverse.
-Leader-only jobs start after the fence is taken and stop before anything else when
-leadership is in doubt. (The jobs arrive with the leader, issue 3.)
+Each job is a small module here; jobs import ``allocator``, never the reverse (they reach
+the node through :class:`allocator.node.seams.LeaderJobsPort`). docs/design.md §1, §4.
 """

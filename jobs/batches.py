@@ -1,12 +1,5 @@
 """Fenced writes in batches: the loop and the error handling the retention and aging jobs
 share.
-
-Rules: under ``ctx.busy``, one fenced write per batch while the term may write, until a
-batch writes fewer than ``batch_blocks`` or ``max_batches`` ran (the next run goes on, so a
-large backlog never holds the term's job slot for long); each committed batch is reported
-to the node's health record. Fenced: counted and handed to the node, which ends the term. A
-write abandoned (leadership in doubt): counted. A database unavailable: handed to
-``on_unavailable`` (each job logs it under its own event name); the next run tries again.
 """
 
 from __future__ import annotations
@@ -25,7 +18,16 @@ def write_in_batches(
     max_batches: int,
     on_unavailable: Callable[[DatabaseUnavailableError], None],
 ) -> int:
-    """Run ``write_batch(batch_blocks)`` as the rules say; the blocks written in all."""
+    """Run ``write_batch(batch_blocks)`` under ``ctx.busy`` while the term may write; the
+    blocks written in all.
+
+    Stops when a batch writes fewer than ``batch_blocks`` or ``max_batches`` ran (the next
+    run goes on, so a large backlog never holds the term's job slot for long); each
+    committed batch is reported to the node's health record. Fenced: counted and handed to
+    the node, which ends the term. A write abandoned (leadership in doubt): counted. A
+    database unavailable: handed to ``on_unavailable`` (each job logs it under its own event
+    name); the next run tries again.
+    """
     written = 0
     with ctx.busy:
         try:

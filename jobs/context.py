@@ -1,14 +1,5 @@
-"""What every leader-only job gets: the term, the database, the config, the metrics, the hooks.
-
-Rules: a job runs only while ``term.may_write()``; it checks before each write and passes
-``commit_if=term.may_write`` so a write that started under trust and lost it rolls back.
-Jobs of one term never overlap: each runs under ``busy`` (so stopping the jobs can wait
-for the one in flight). A job that meets :class:`FencedError` reports it through
-``hooks.on_fenced`` and stops; the node ends the term. Every fenced write that commits is
-reported to ``hooks.health`` (the leader hands over when none has for too long).
-``refilling`` is set while a refill runs, so the low-water check does not wake it again.
-``claim_position_sampled`` is the claim position the sampling job read last in this term
-(None before its first run): the hand-outs it measures next lie above it.
+"""What every leader-only job gets: the term, the database, the config, the metrics, the
+hooks.
 """
 
 from __future__ import annotations
@@ -26,6 +17,22 @@ from allocator.node.seams import LeaderHooks, LeaderStore
 
 @dataclass
 class LeaderContext:
+    """One term's jobs' shared state.
+
+    - A job runs only while ``term.may_write()``; it checks before each write and passes
+      ``commit_if=term.may_write``, so a write that started under trust and lost it rolls
+      back.
+    - Jobs of one term never overlap: each writer runs under ``busy`` (so stopping the jobs
+      can wait for the one in flight).
+    - A job that meets :class:`FencedError` reports it through ``hooks.on_fenced`` and
+      stops; the node ends the term. Every fenced write that commits is reported to
+      ``hooks.health`` (the leader hands over when none has for too long).
+    - ``refilling`` is set while a refill runs, so the low-water check does not wake it
+      again.
+    - ``claim_position_sampled`` is the claim position the sampling job read last in this
+      term (None before its first run): the hand-outs it measures next lie above it.
+    """
+
     term: Term
     db: LeaderStore
     config: Config

@@ -1,16 +1,4 @@
-"""The leader-only jobs on APScheduler 3: started after the fence is taken, stopped first.
-
-Rules: one BackgroundScheduler per node, started once; a term adds its jobs and removes
-them when it ends. Job ids carry the term's token (``refill-<generation>-<epoch>``):
-APScheduler counts running instances per id, so a run stuck in an old term (a black-holed
-database, say) can never make a later term's runs be skipped as "max instances reached".
-``stop`` removes every job, then waits (bounded) for the run in flight, which itself stops at
-its next ``may_write`` check; writes already past that check roll back through
-``commit_if``. Job errors are logged and counted, never fatal. The low-water check runs ten
-times a second: while one check waits on a slow database, APScheduler skips the next ones,
-and its warning for each skip is dropped (:class:`QuietSkips`), not repeated ten times a
-second; the other jobs' skips are still logged.
-"""
+"""The leader-only jobs on APScheduler 3: started after the fence is taken, stopped first."""
 
 from __future__ import annotations
 
@@ -43,9 +31,15 @@ RETENTION_INTERVAL_S = 60.0
 
 
 class QuietSkips(logging.Filter):
-    """Drops APScheduler's "skipped: maximum number of running instances" for the check."""
+    """Drops APScheduler's "skipped: maximum number of running instances" for the check.
+
+    The low-water check runs ten times a second: while one check waits on a slow database,
+    APScheduler skips the next ones, and a warning for each would repeat ten times a second;
+    the other jobs' skips are still logged.
+    """
 
     def filter(self, record: logging.LogRecord) -> bool:
+        """False for the low-water check's skip warning."""
         message = record.getMessage()
         return not ("maximum number of running instances" in message and "LowWaterCheck" in message)
 
@@ -55,7 +49,11 @@ logging.getLogger("apscheduler.scheduler").addFilter(_QUIET_SKIPS)
 
 
 class LeaderJobs:
-    """The real :class:`allocator.node.seams.LeaderJobsPort`, built by ``allocator run``."""
+    """The real :class:`allocator.node.seams.LeaderJobsPort`, built by ``allocator run``.
+
+    One BackgroundScheduler per node, started once; a term adds its jobs and removes them
+    when it ends. Job errors are logged and counted, never fatal.
+    """
 
     def __init__(
         self,
@@ -76,14 +74,21 @@ class LeaderJobs:
         self._job_ids: tuple[str, ...] = ()
 
     def start_scheduler(self) -> None:
+        """Start the node's one scheduler (no jobs yet)."""
         self._scheduler.start()
 
     def shutdown(self) -> None:
+        """Shut the scheduler down at the node's exit."""
         if self._scheduler.running:
             self._scheduler.shutdown(wait=True)
 
     def start(self, term: Term, hooks: LeaderHooks) -> None:
-        """Add this term's jobs; refill runs at once."""
+        """Add this term's jobs; refill runs at once.
+
+        Job ids carry the term's token (``refill-<generation>-<epoch>``): APScheduler counts
+        running instances per id, so a run stuck in an old term (a black-holed database,
+        say) can never make a later term's runs be skipped as "max instances reached".
+        """
         ctx = LeaderContext(term, self._db, self._config, self._metrics, hooks, self._now_ms)
         self._ctx = ctx
         ctx.wake_refill = self.wake_refill
@@ -148,7 +153,11 @@ class LeaderJobs:
         )
 
     def stop(self, timeout_s: float) -> bool:
-        """Remove the jobs, then wait for the one in flight; False if it outlived the wait."""
+        """Remove the jobs, then wait for the one in flight; False if it outlived the wait.
+
+        The run in flight stops at its next ``may_write`` check; writes already past that
+        check roll back through ``commit_if``.
+        """
         for job_id in self._job_ids:
             if self._scheduler.get_job(job_id) is not None:
                 self._scheduler.remove_job(job_id)
@@ -162,6 +171,7 @@ class LeaderJobs:
         return False
 
     def wake_refill(self) -> None:
+        """Run the refill now (the low-water check's call) instead of at its next interval."""
         if not self._job_ids:
             return
         job = self._scheduler.get_job(self._job_ids[0])

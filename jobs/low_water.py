@@ -1,23 +1,9 @@
 """Low-water check: wake the refill the moment the pool falls below its low watermark.
 
-Rules:
-- The leader reads the pool level every ``pool.low_watermark_check_s`` (0.1 s) while the
-  pool is small (its last reading below :data:`ZONE_FLOORS` x ``pool.min_blocks``), and once
-  per ``pool.refill_interval_s`` above that: reading ``pool_status`` costs in proportion to
-  the pool (~2 ms at 2,000 blocks, ~110 ms at 600,000 here), and a pool that large lasts
-  several refill intervals even at the fastest claim rate it was sized for.
-- Below ``pool.low_watermark_blocks`` it wakes the refill job at once (APScheduler runs it
-  now) instead of leaving it to the next ``pool.refill_interval_s``. A refill in flight is
-  not woken again (``ctx.refilling``): it is already cutting, and the next check after it
-  ends wakes it again if the pool is still low. A ``pool_low`` log line marks each fall
-  below the watermark, not every reading.
-- Why polling, not a NOTIFY from ``claim_blocks``: polling costs one small read on the
-  leader's connection and nothing on the claim path; a NOTIFY is taken under a lock that
-  serialises every notifying commit in the database, needs a change to ``claim_blocks``
-  (the hottest function), and a listening connection of its own that can miss a
-  notification while it reconnects, so the poll would be needed anyway.
-- Like the sampler it writes nothing and never waits on ``busy``; it runs only while the
-  term may write (only the leader refills).
+Why polling, not a NOTIFY from ``claim_blocks``: polling costs one small read on the
+leader's connection and nothing on the claim path; a NOTIFY is taken under a lock that
+serialises every notifying commit in the database, needs a change to the hottest function,
+and a listening connection that can miss a notification while it reconnects.
 """
 
 from __future__ import annotations
@@ -36,7 +22,11 @@ ZONE_FLOORS = 4
 
 
 class LowWaterCheck:
-    """One term's check; :meth:`run` is the scheduled job."""
+    """One term's check; :meth:`run` is the scheduled job.
+
+    Like the sampler it writes nothing and never waits on ``busy``; it runs only while the
+    term may write (only the leader refills).
+    """
 
     def __init__(self, ctx: LeaderContext, clock: Callable[[], float] = time.monotonic) -> None:
         self._ctx = ctx
@@ -46,6 +36,14 @@ class LowWaterCheck:
         self._low = False
 
     def _due(self) -> bool:
+        """Whether to read the pool now.
+
+        Every ``pool.low_watermark_check_s`` (0.1 s) while the pool is small (its last
+        reading below :data:`ZONE_FLOORS` x ``pool.min_blocks``), once per
+        ``pool.refill_interval_s`` above: reading ``pool_status`` costs in proportion to the
+        pool (~2 ms at 2,000 blocks, ~110 ms at 600,000), and a pool that large lasts
+        several refill intervals even at the fastest claim rate it was sized for.
+        """
         pool = self._ctx.config.pool
         if self._read_at is None or self._available is None:
             return True
@@ -54,6 +52,12 @@ class LowWaterCheck:
         return self._clock() - self._read_at >= pool.refill_interval_s
 
     def run(self) -> None:
+        """Below ``pool.low_watermark_blocks``, wake the refill at once.
+
+        A refill in flight is not woken again (``ctx.refilling``): it is already cutting,
+        and the next check after it ends wakes it again if the pool is still low. A
+        ``pool_low`` log line marks each fall below the watermark, not every reading.
+        """
         ctx = self._ctx
         if not ctx.term.may_write() or not self._due():
             return

@@ -1,40 +1,7 @@
 """Refill: keep the pool at its target by cutting blocks after the high-water mark.
 
-Rules:
-- Target = max(``pool.min_blocks``, claim rate x the longer of ``pool.runway_s`` and the
-  runway a handover needs), capped at ``pool.max_blocks`` (:mod:`allocator.config.runway`). Runs
-  every ``pool.refill_interval_s`` and at once when the low-water check (:mod:`jobs.low_water`)
-  sees the pool below ``pool.low_watermark_blocks``; ``ctx.refilling`` is set meanwhile.
-- Blocks come from :func:`allocator.core.cutter.plan_blocks` (strictly after the mark, never ahead
-  of the clock) and are written in batches, one statement each (``cut_blocks`` takes
-  arrays); a run is bounded in time so leadership checks and other jobs are never starved.
-- The database clock is the reference (DESIGN §11): every run first compares the node's
-  clock with the database's; while they differ by more than ``pool.max_clock_skew_ms`` the
-  run cuts nothing (``allocator_clock_skew_alert``, ``clock_disagrees``), and the node hands
-  over if a contender would do better. A cut the database still rejects as ahead of its
-  clock (AL105) counts as a disagreement too.
-- A mark ahead of the clock (``pool_status.mark_ahead_ms`` > ``pool.max_clock_behind_ms``):
-  cut densely straight after it, no further ahead than the database allows
-  (``max(pool.max_clock_ahead_ms, the mark's lead at its cut) - pool.max_clock_skew_ms``,
-  the skew being what our clock may differ by), and export the lead
-  (``allocator_mark_ahead_seconds``). Real time catches up at the rate the pool leaves
-  unused; the cluster never stalls on such a mark.
-- Clock behind the mark without that allowance (no layout recorded yet): refuse, set the
-  alert gauge, log ``clock_behind``, keep serving the pool. Past the layout's time range:
-  refuse, set ``allocator_time_range_exhausted``, log loudly. Another layout in the database
-  (AL104): fatal, the node stops (exit 78).
-- Every run first writes the leader's heartbeat (fenced, with ``pool.max_block_age_s``, the
-  leaderless setting and :func:`allocator.config.block_age.leader_stale_ms`): the
-  database's proof that a leader serves, under which ``claim_blocks`` holds the bound on an
-  ID's age. The first run of a term runs at once, so the takeover writes it too.
-- Stranded blocks are requeued (fenced) on every run; every committed write is reported to
-  the node's health record, and every committed cut's last ID to the node, which raises
-  ZooKeeper's watermark (:mod:`allocator.fence`).
-- A database below ZooKeeper's watermark (restored, or failed over to a standby that missed
-  commits) gets no write at all, not even a requeue or a heartbeat: blocks claimed after its
-  restore point read as unclaimed there, and a requeue would hand them out again.
-- How the database replicates is checked on every run: standbys that no commit waits for
-  mean no cutting, unless ``postgres.allow_async_replication`` (docs/postgres-ha.md).
+The cutting rules are :func:`allocator.core.cutter.plan_blocks`'; the clock rules,
+docs/design.md §5 and §11.
 """
 
 from __future__ import annotations
@@ -65,7 +32,13 @@ FLUSH_AFTER_S = 0.05
 
 
 def run(ctx: LeaderContext) -> int:
-    """One refill run; returns the number of blocks cut."""
+    """One refill run; returns the number of blocks cut.
+
+    Runs every ``pool.refill_interval_s`` and at once when the low-water check wakes it
+    (``ctx.refilling`` is set meanwhile). A cut the database rejects as ahead of its clock
+    (AL105) counts as a clock disagreement; another layout in the database (AL104) is fatal
+    (the node stops, exit 78).
+    """
     with ctx.busy:
         if not ctx.term.may_write():
             return 0
@@ -92,6 +65,31 @@ def run(ctx: LeaderContext) -> int:
 
 
 def _refill(ctx: LeaderContext) -> int:
+    """The run's body, in order.
+
+    - A database below ZooKeeper's watermark (restored, or failed over to a standby that
+      missed commits) gets no write at all, not even a requeue or a heartbeat: blocks
+      claimed after its restore point read as unclaimed there, and a requeue would hand them
+      out again.
+    - The leader's heartbeat first (fenced, with ``pool.max_block_age_s``, the leaderless
+      setting and :func:`allocator.config.block_age.leader_stale_ms`): the database's proof
+      that a leader serves, under which ``claim_blocks`` holds the bound on an ID's age; the
+      first run of a term runs at once, so the takeover writes it too. Then stranded blocks
+      are requeued (fenced).
+    - Target = max(``pool.min_blocks``, claim rate x the longer of ``pool.runway_s`` and the
+      runway a hand-over needs), capped at ``pool.max_blocks``
+      (:mod:`allocator.config.runway`).
+    - No cut while the clock disagrees (:func:`_clock_agrees`) or replication is
+      asynchronous (:func:`_replication_allows_cutting`).
+    - Blocks come from the cutter and are written in batches of at most
+      :data:`MAX_BATCH_BLOCKS`, one statement each; a run stops after :data:`RUN_BUDGET_S`,
+      so leadership checks and other jobs are never starved. Clock behind the mark without
+      an allowance (no layout recorded yet): refuse, set the alert gauge, log
+      ``clock_behind``, keep serving the pool. Past the layout's time range: refuse, set
+      ``allocator_time_range_exhausted``, log loudly.
+    - Every committed write is reported to the node's health record, and every committed
+      cut's last ID to the node, which raises ZooKeeper's watermark.
+    """
     config, term, db = ctx.config, ctx.term, ctx.db
     started = time.monotonic()
     status = db.pool_status()
@@ -162,7 +160,12 @@ def _refill(ctx: LeaderContext) -> int:
 
 
 def _clock_agrees(ctx: LeaderContext) -> bool:
-    """Compare our clock with the database's (one round trip); False: do not cut now."""
+    """Compare our clock with the database's (one round trip); False: do not cut now.
+
+    The database clock is the reference: while they differ by more than
+    ``pool.max_clock_skew_ms`` the run cuts nothing (``allocator_clock_skew_alert``,
+    ``clock_disagrees``), and the node hands over if a contender would do better.
+    """
     bound = ctx.config.pool.max_clock_skew_ms
     reading = ctx.db.read_clock(ctx.now_ms)
     agrees = not reading.disagrees(bound)
@@ -181,7 +184,11 @@ def _clock_agrees(ctx: LeaderContext) -> bool:
 
 
 def _replication_allows_cutting(ctx: LeaderContext) -> bool:
-    """Check how the database replicates (one round trip); False: do not cut now."""
+    """Check how the database replicates (one round trip); False: do not cut now.
+
+    Standbys that no commit waits for mean no cutting (a failover could lose acknowledged
+    claims), unless ``postgres.allow_async_replication`` (docs/postgres-ha.md).
+    """
     replication = ctx.db.replication()
     asynchronous = replication.asynchronous
     ctx.hooks.health.replication_checked(asynchronous)
@@ -208,8 +215,15 @@ def _replication_allows_cutting(ctx: LeaderContext) -> bool:
 
 
 def _allowance(pool: PoolConfig, lead_ms: int | None) -> int | None:
-    """How far ahead of our clock a cut after a mark in the future may go (see module rules);
-    None before the database has recorded a layout (it cannot judge a lead then)."""
+    """How far ahead of our clock a cut after a mark in the future may go; None before the
+    database has recorded a layout (it cannot judge a lead then).
+
+    ``max(pool.max_clock_ahead_ms, the mark's lead at its cut) - pool.max_clock_skew_ms``,
+    the skew being what our clock may differ by: the cutter then cuts densely straight after
+    such a mark, no further ahead than the database allows (``allocator_mark_ahead_seconds``
+    exports the lead). Real time catches up at the rate the pool leaves unused; the cluster
+    never stalls on such a mark.
+    """
     if lead_ms is None:
         return None
     return max(0, max(pool.max_clock_ahead_ms, lead_ms) - pool.max_clock_skew_ms)

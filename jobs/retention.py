@@ -1,11 +1,4 @@
-"""Retention: delete claimed blocks older than ``pool.retention_s``, in small batches.
-
-Rules: only claimed blocks, fenced like every block write (``prune_claimed``); the cutoff
-is computed by the database from its own clock (a node's clock never decides what is old
-enough); a bounded
-number of batches per run so a large backlog never holds the leader's job slot for long.
-Pruning never lowers the high-water mark, so I1/I2 hold for pruned blocks too.
-"""
+"""Retention: delete claimed blocks older than ``pool.retention_s``, in small batches."""
 
 from __future__ import annotations
 
@@ -20,7 +13,13 @@ MAX_BATCHES_PER_RUN = 20
 
 
 def run(ctx: LeaderContext) -> int:
-    """One retention run; returns the number of blocks deleted."""
+    """One retention run; returns the number of blocks deleted.
+
+    Only claimed blocks, fenced like every block write (``prune_claimed``); the cutoff is
+    computed by the database from its own clock (a node's clock never decides what is old
+    enough); a bounded number of batches per run (:func:`jobs.batches.write_in_batches`).
+    Pruning never lowers the high-water mark, so I1/I2 hold for pruned blocks too.
+    """
     deleted = write_in_batches(
         ctx,
         lambda limit: ctx.db.prune_claimed(

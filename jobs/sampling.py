@@ -1,23 +1,8 @@
-"""Pool sampling: record the ticket positions for the claim rate and hand the reading to the
-node (its pool gauges and readiness), then measure the age of IDs: the oldest unclaimed
-block's and the bound (``block_age_status``), and the age of the blocks handed out since the
-previous run. Waking the refill when the pool runs low is the low-water check's job
+"""Pool sampling: the ticket positions for the claim rate, the reading for the node, and the
+age of IDs.
+
+Waking the refill when the pool runs low is the low-water check's job
 (:mod:`jobs.low_water`), which reads the pool far more often.
-
-Rules: the sample is not a block write (it fences nothing), but only the leader samples so
-the rate is not counted twice; it never waits on ``busy`` (refill may hold it).
-
-The age at hand-out (``allocator_claimed_block_age_seconds``):
-- The blocks claimed with tickets between the claim position of this term's previous run
-  and the current one (``pool_status.claim_position``, read on the unique ticket index by
-  ``claimed_block_ages``), voided ones left out; the first run of a term only takes its
-  position, so no claim is counted twice across runs or handovers.
-- At most :data:`HANDOUT_SAMPLE_LIMIT` per run, the newest: above that it is a sample.
-  A claim still uncommitted at the read is missed (never counted later).
-- Age = ``claimed_at`` minus the first ID's time, decoded with the configuration's layout
-  (the one the takeover checked against the database's).
-- A failed read of the age (a database unavailable, a schema without migration 0011) is
-  logged; the pool reading before it still reaches the node.
 """
 
 from __future__ import annotations
@@ -36,6 +21,14 @@ HANDOUT_SAMPLE_LIMIT = 1000
 
 
 def run(ctx: LeaderContext) -> None:
+    """One sampling run: record the ticket positions, hand the pool reading to the node,
+    then the age gauges.
+
+    The sample is not a block write (it fences nothing), but only the leader samples so the
+    rate is not counted twice; it never waits on ``busy`` (the refill may hold it). A failed
+    read of the age (a database unavailable, a schema without migration 0011) is logged; the
+    pool reading before it still reaches the node.
+    """
     if not ctx.term.may_write():
         return
     try:
@@ -52,7 +45,18 @@ def run(ctx: LeaderContext) -> None:
 
 
 def observe_age(ctx: LeaderContext, status: PoolStatus) -> None:
-    """The age gauges from ``block_age_status``; the hand-out ages since the previous run."""
+    """The age gauges from ``block_age_status``; the hand-out ages since the previous run
+    (``allocator_claimed_block_age_seconds``).
+
+    - The blocks claimed with tickets between this term's previous run's claim position and
+      the current one (``pool_status.claim_position``, read on the unique ticket index by
+      ``claimed_block_ages``), voided ones left out; the first run of a term only takes its
+      position, so no claim is counted twice across runs or hand-overs.
+    - At most :data:`HANDOUT_SAMPLE_LIMIT` per run, the newest: above that it is a sample. A
+      claim still uncommitted at the read is missed (never counted later).
+    - Age = ``claimed_at`` minus the first ID's time, decoded with the configuration's
+      layout (the one the takeover checked against the database's).
+    """
     ctx.metrics.block_age_observed(ctx.db.block_age_status())
     previous, current = ctx.claim_position_sampled, status.claim_position
     ctx.claim_position_sampled = current

@@ -6,4 +6,5 @@ import time
 
 
 def wall_clock_ms() -> int:
+    """The wall clock now, in Unix milliseconds."""
     return time.time_ns() // 1_000_000

@@ -1,48 +1,8 @@
-"""The leader's block cutter, as pure planning: which blocks to cut next, or how long to wait.
+"""The leader's block cutter as pure planning: which blocks to cut next, or how long to
+wait.
 
-:func:`plan_blocks` takes the persisted high-water mark and the leader's current time and
-returns the next blocks to cut (a :class:`Plan`). It does no I/O and never reads the clock:
-the caller passes ``now_ms`` and writes the blocks (fenced, DESIGN §3).
-
-Rules (DESIGN §2 I2/I5, §5):
-
-- A block is a contiguous range ``[first_id, last_id]`` of ``block_size`` IDs inside one
-  (millisecond, lane) of the cluster's datacenter. ``block_size`` is a power of two, at most
-  ``2^sequence_bits``.
-- Blocks are cut in (millisecond, lane, sequence) order, which for a fixed datacenter is
-  increasing ID order; lanes ``0..lanes-1`` are filled in turn within each millisecond.
-- Strictly after the mark. The mark (``mark_id``, the last ID ever cut in the cluster, -1 if
-  none) is decoded with the layout; cutting resumes at the position right after its
-  (millisecond, lane, sequence). That need not be aligned to ``block_size`` (an earlier
-  leader may have used another size): blocks are cut from there while they fit in the lane,
-  and an unfittable remainder is skipped to the next lane, then to the next millisecond.
-  If the mark carries another datacenter and ours is lower, nothing of ours in the mark's
-  millisecond is above it, so cutting resumes in the next millisecond. Every first ID is
-  therefore above the mark, and positions never go backwards, whatever the leader's clock.
-- Never borrows future time: no block carries a millisecond after ``now_ms``. When the clock
-  is past the mark's millisecond the plan jumps to ``(now_ms, lane 0, sequence 0)`` rather
-  than filling old milliseconds, so one call cuts only in the current millisecond.
-- Clock behind the mark's millisecond: by at most ``max_clock_behind_ms``, the plan is empty
-  and says when to try again. By more, the mark lies in the future: with no
-  ``ahead_allowance_ms`` that is :class:`~allocator.core.errors.ClockBehindError` (the leader
-  alerts and keeps serving the pool). With one (the caller has checked its clock against the
-  database's and passes the lead the database still allows, DESIGN §5/§11), the plan cuts
-  *densely* straight after the mark, millisecond after millisecond, but never past
-  ``now_ms + ahead_allowance_ms``: a mark that is ahead of every clock never stalls the
-  cluster, and since dense cutting spends positions, not time, real time catches up (one
-  millisecond holds :func:`capacity_per_ms` blocks). This is the one case of cutting ahead
-  of the clock. A clock before the layout's epoch with no mark is a
-  :class:`~allocator.core.errors.LayoutError`.
-- Refuses, loudly, past the layout's time range: when the clock is past
-  :attr:`Layout.ends_at_ms`, or the mark has used the last millisecond up,
-  :class:`~allocator.core.errors.TimeRangeExhaustedError`. A plan that fills the last millisecond
-  still returns its blocks; the next call raises.
-
-Throughput ceiling: one millisecond holds ``2^(lane_bits + sequence_bits)`` IDs of one
-datacenter, i.e. :func:`capacity_per_ms` blocks of ``block_size`` IDs (defaults: 2^17 =
-131,072 IDs, 32 blocks of 4096, per millisecond; about 131 million IDs per second). A plan
-holds at most that many blocks; the cutter continues as the clock reaches the next
-millisecond. Planning is arithmetic per block, never per ID.
+No I/O and no clock: the caller passes ``now_ms`` and writes the planned blocks through the
+fence. Blocks and the clock: docs/design.md §5; the invariants it serves (I2, I5): §2.
 """
 
 from __future__ import annotations
@@ -68,9 +28,12 @@ _Position = tuple[int, int, int]
 class Plan:
     """The blocks to cut now, in cutting order, and when to plan again.
 
-    ``wait_until_ms`` is ``None`` when every requested block was planned; otherwise the
-    Unix millisecond the clock must reach before more blocks can be cut. ``clock_behind_ms``
-    is how far ``now_ms`` was behind the mark's millisecond (0 if not behind), for a metric.
+    Each block is a contiguous range ``(first_id, last_id)`` of ``block_size`` IDs inside
+    one (millisecond, lane) of the cluster's datacenter; cutting order is (millisecond,
+    lane, sequence) order, which for a fixed datacenter is increasing ID order.
+    ``wait_until_ms`` is ``None`` when every requested block was planned; otherwise the Unix
+    millisecond the clock must reach before more blocks can be cut. ``clock_behind_ms`` is
+    how far ``now_ms`` was behind the mark's millisecond (0 if not behind), for a metric.
     """
 
     blocks: tuple[tuple[int, int], ...]
@@ -103,7 +66,12 @@ def check_block_size(layout: Layout, block_size: int) -> None:
 
 
 def capacity_per_ms(layout: Layout, block_size: int) -> int:
-    """Blocks of ``block_size`` IDs that one millisecond of one datacenter holds."""
+    """Blocks of ``block_size`` IDs that one millisecond of one datacenter holds.
+
+    This is the cutter's throughput ceiling: ``2^(lane_bits + sequence_bits)`` IDs per
+    millisecond (defaults: 32 blocks of 4096, 131,072 IDs, about 131 million IDs a second).
+    A plan holds at most this many blocks; planning is arithmetic per block, never per ID.
+    """
     check_block_size(layout, block_size)
     return layout.lanes * ((layout.max_sequence + 1) // block_size)
 
@@ -120,12 +88,29 @@ def plan_blocks(
 ) -> Plan:
     """Plan up to ``count`` blocks strictly after ``mark_id`` without passing ``now_ms``.
 
-    ``mark_id`` is the persisted high-water mark (-1 if nothing was ever cut), ``now_ms``
-    the leader's clock in Unix milliseconds. ``ahead_allowance_ms`` enables dense cutting
-    after a mark that lies in the future (module rules). Raises :class:`ClockBehindError`,
-    :class:`TimeRangeExhaustedError`, or, for bad arguments, :class:`LayoutError`
-    (``datacenter``, ``block_size``, an epoch after ``now_ms``), :class:`InvalidIdError`
-    (``mark_id``) or :class:`ValueError` (``count``, ``max_clock_behind_ms``).
+    ``mark_id`` is the persisted high-water mark (the last ID ever cut in the cluster, -1 if
+    none), ``now_ms`` the leader's clock in Unix milliseconds.
+
+    - Strictly after the mark, whatever the clock: cutting resumes right after the mark's
+      (millisecond, lane, sequence), so every first ID is above the mark (I2).
+    - Never borrows future time: no block carries a millisecond after ``now_ms``. Once the
+      clock is past the mark's millisecond the plan jumps to ``(now_ms, lane 0, sequence
+      0)`` instead of filling old milliseconds, so one call cuts in one millisecond only.
+    - Clock behind the mark's millisecond by at most ``max_clock_behind_ms``: an empty plan
+      that says when to try again. By more: :class:`ClockBehindError` (the leader alerts and
+      keeps serving the pool), unless ``ahead_allowance_ms`` is given (the lead the database
+      still allows, checked by the caller against the database clock): then the plan cuts
+      densely straight after the mark, millisecond after millisecond, never past ``now_ms +
+      ahead_allowance_ms``. A mark ahead of every clock so never stalls the cluster, and
+      since dense cutting spends positions, not time, real time catches up. This is the one
+      case of cutting ahead of the clock (docs/design.md §5, §11).
+    - Refuses past the layout's range (I5): a clock past :attr:`Layout.ends_at_ms`, or a
+      mark that used the last millisecond up, is :class:`TimeRangeExhaustedError`. A plan
+      that fills the last millisecond still returns its blocks; the next call raises.
+
+    Bad arguments: :class:`LayoutError` (``datacenter``, ``block_size``, an epoch after
+    ``now_ms`` with no mark), :class:`InvalidIdError` (``mark_id``) or :class:`ValueError`
+    (``count``, ``max_clock_behind_ms``).
     """
     _check_arguments(layout, datacenter, block_size, mark_id, count, max_clock_behind_ms)
     if now_ms > layout.ends_at_ms:
@@ -195,7 +180,11 @@ def _check_arguments(
 def _after_mark(layout: Layout, datacenter: int, block_size: int, mark_id: int) -> _Position:
     """The first position where a block of ours fits strictly after the mark.
 
-    Its millisecond may be past the layout's end; the caller refuses then.
+    The mark need not be aligned to ``block_size`` (an earlier leader may have used another
+    size): blocks start right after it while they fit in its lane. If the mark carries a
+    higher datacenter than ours, none of our IDs in its millisecond is above it, so cutting
+    resumes in the next millisecond. The result may lie past the layout's end; the caller
+    refuses then.
     """
     mark = layout.decode(mark_id)
     if datacenter < mark.datacenter:
@@ -205,7 +194,9 @@ def _after_mark(layout: Layout, datacenter: int, block_size: int, mark_id: int) 
 
 
 def _fitting(layout: Layout, block_size: int, position: _Position) -> _Position:
-    """``position``, or the next lane's (or millisecond's) start if no block fits there."""
+    """``position``, or the next lane's (or millisecond's) start if no block fits there (an
+    unfittable remainder is skipped).
+    """
     timestamp_ms, lane, sequence = position
     if sequence + block_size <= layout.max_sequence + 1:
         return position

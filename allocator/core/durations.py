@@ -1,19 +1,9 @@
 """Durations as the CLI takes them: a number with a unit (``30s``, ``2h``, ``500ms``,
-``1m30s``, ``1.5s``).
+``1m30s``).
 
-Rules:
-
-- The one parser of the command line's and the environment's durations (every flag takes
-  them through :class:`allocator.commands.options.Duration`); configuration file keys keep
-  their own names and units (``*_s``, ``*_ms`` numbers).
-- A duration is one or more parts, each a decimal number (digits, optionally a fraction)
-  followed by one of :data:`UNITS` (``ms``, ``s``, ``m``, ``h``), no spaces or signs
-  between them; the parts add up. A bare ``0`` is zero; any other bare number is refused
-  (its unit would be a guess): :func:`is_bare_number` lets a flag that once took one read
-  it in its old unit. Never negative; at most :data:`MAX` (what a timer can hold); exact
-  to the microsecond (a finer fraction is refused, never rounded).
-- Errors are :class:`~allocator.core.errors.InvalidDurationError` (a usage error), one
-  line that quotes the text and shows the shape.
+The one parser of the command line's and the environment's durations (every flag takes them
+through :class:`allocator.commands.options.Duration`); configuration file keys keep their
+own names and units (``*_s``, ``*_ms`` numbers).
 """
 
 from __future__ import annotations
@@ -35,7 +25,16 @@ _MAX_TEXT = 64
 
 
 def parse(text: str) -> timedelta:
-    """``text`` as a duration (see the module rules)."""
+    """``text`` as a duration.
+
+    One or more parts, each a decimal number (digits, optionally a fraction) followed by one
+    of :data:`UNITS`, no spaces or signs between them; the parts add up. A bare ``0`` is
+    zero; any other bare number is refused, its unit would be a guess
+    (:func:`is_bare_number` lets a flag that once took one read it in its old unit). Never
+    negative, at most :data:`MAX`, exact to the microsecond (a finer fraction is refused,
+    never rounded). Errors are :class:`~allocator.core.errors.InvalidDurationError` (a usage
+    error): one line that quotes the text and shows the shape.
+    """
     stripped = text.strip()
     if stripped == "0":
         return timedelta(0)

@@ -1,11 +1,7 @@
-"""The project's own exceptions.
+"""The project's own exceptions, each carrying the exit code the CLI ends with for it.
 
-Rules: driver and library errors are translated into these at the boundary (keeping
-``__cause__``), so callers and the CLI never see a raw psycopg/kazoo exception. Every error
-carries the process exit code the CLI uses for it, a row of the one table
-(:mod:`allocator.core.exits`); the message is one line a user can act on.
-What :func:`describe` and :func:`details` return is safe to print: a driver's message that
-echoes a connection string or a registered secret comes out masked (:mod:`allocator.core.redact`).
+The codes are rows of the one table, :mod:`allocator.core.exits`; messages are one line a
+user can act on.
 """
 
 from __future__ import annotations
@@ -17,8 +13,12 @@ from allocator.core.exits import Exit
 
 
 class AllocatorError(Exception):
-    """Base of every error this project raises on purpose; ``exit_code`` is a row of the one
-    table (:mod:`allocator.core.exits`)."""
+    """Base of every error this project raises on purpose; ``exit_code`` is a row of
+    :mod:`allocator.core.exits`.
+
+    Driver and library errors are translated into these at the boundary, keeping
+    ``__cause__``, so callers and the CLI never see a raw psycopg or kazoo exception.
+    """
 
     exit_code: int = Exit.FAILED
 
@@ -127,7 +127,7 @@ class DatabaseBehindError(DatabaseError):
 
 
 class FenceError(AllocatorError):
-    """PostgreSQL refused a leader's write under the fence protocol (DESIGN §3)."""
+    """PostgreSQL refused a leader's write under the fence protocol (docs/design.md §3)."""
 
     sqlstate = ""
 
@@ -194,6 +194,7 @@ class ClockBehindError(AllocatorError):
 
     @property
     def behind_ms(self) -> int:
+        """How far the clock is behind the mark's millisecond."""
         return self.mark_ms - self.now_ms
 
 
@@ -221,10 +222,12 @@ class WriteAbandonedError(AllocatorError):
 
 
 def describe(exc: BaseException) -> str:
-    """One line: each message's first line, then its cause chain (``a: b: c``), no traceback.
+    """One line: each message's first line, then its cause chain (``a: b: c``), no
+    traceback.
 
-    A message's further lines (e.g. a server log's tail) are :func:`details`. Secrets are
-    masked.
+    A message's further lines (e.g. a server log's tail) are :func:`details`. Safe to print:
+    a driver's message that echoes a connection string or a registered secret comes out
+    masked (:mod:`allocator.core.redact`).
     """
     parts: list[str] = []
     seen: set[int] = set()

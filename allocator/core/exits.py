@@ -1,19 +1,8 @@
 """The exit codes of every ``allocator`` command: the one table.
 
-Rules:
-
-- :class:`Exit` lists every code a command ends with; nothing else sets a process exit code
-  (the errors of :mod:`allocator.core.errors`, the node's codes in
-  :mod:`allocator.node.exits` and every command's ``--help`` take theirs from here).
-- sysexits(3) numbers where one fits: 64 usage, 69 a prerequisite unavailable, 70 software
-  (a server we started, a bug), 75 temporary failure (retry later), 78 configuration (fix
-  it; retrying will not help). Below them: 0 done, 1 the answer is no (a check that failed,
-  a declined prompt) or an error no row covers, and the node's own 3 and 4.
-- One cause, one code, whichever command meets it: an unreachable ZooKeeper, PostgreSQL or
-  leader is 75; a login PostgreSQL refuses (password, role, ``pg_hba.conf``) and a missing
-  setting are 78; a bad flag or value is 64.
-- :data:`TABLE` says what each code means; ``allocator --help`` prints it
-  (:func:`help_lines`) and ``docs/exit-codes.md`` is the same table (a unit test compares).
+Nothing else sets a process exit code: the errors of :mod:`allocator.core.errors`, the
+node's codes in :mod:`allocator.node.exits` and every command's ``--help`` take theirs from
+here. ``docs/exit-codes.md`` is the same table (a unit test compares).
 """
 
 from __future__ import annotations
@@ -23,7 +12,16 @@ from enum import IntEnum
 
 
 class Exit(IntEnum):
-    """Every exit code of the CLI (see :data:`TABLE` for what each means)."""
+    """Every exit code of the CLI (see :data:`TABLE` for what each means).
+
+    sysexits(3) numbers where one fits: 64 usage, 69 a prerequisite unavailable, 70 software
+    (a server we started, a bug), 75 temporary failure (retry later), 78 configuration (fix
+    it; retrying will not help). Below them: 0 done, 1 the answer is no (a check that
+    failed, a declined prompt) or an error no row covers, and the node's own 3 and 4. One
+    cause, one code, whichever command meets it: an unreachable ZooKeeper, PostgreSQL or
+    leader is 75; a login PostgreSQL refuses (password, role, ``pg_hba.conf``) and a missing
+    setting are 78; a bad flag or value is 64.
+    """
 
     OK = 0
     FAILED = 1

@@ -1,13 +1,4 @@
-"""Replacing a file atomically: what every writer of a state, record or report file uses.
-
-Rules: :func:`write_atomic` writes a temporary file beside the target (``O_EXCL`` and
-``O_NOFOLLOW``: never through a link, never into someone else's file), sets its mode
-whatever the umask (0600 for anything holding a secret or a session, 0644 for what people
-read), fsyncs it and renames it over the target, so a reader sees the old file or the new
-one, never half of one. A temporary file that a process dying half-way left is removed
-first; one this write leaves after a failure is removed before the error goes on. The
-folder must exist.
-"""
+"""Replacing a file atomically: what every writer of a state, record or report file uses."""
 
 from __future__ import annotations
 
@@ -20,7 +11,16 @@ PUBLIC_MODE = 0o644
 
 
 def write_atomic(path: Path, data: bytes, *, mode: int = PUBLIC_MODE) -> Path:
-    """Replace ``path`` with ``data`` atomically (see the module rules); returns ``path``."""
+    """Replace ``path`` with ``data`` atomically; returns ``path``. The folder must exist.
+
+    Writes a temporary file beside the target (``O_EXCL`` and ``O_NOFOLLOW``: never through
+    a link, never into someone else's file), sets ``mode`` whatever the umask
+    (:data:`PRIVATE_MODE` for anything holding a secret or a session, :data:`PUBLIC_MODE`
+    for what people read), fsyncs it and renames it over the target, so a reader sees the
+    old file or the new one, never half of one. The temporary name carries the pid: one left
+    by an earlier process of the same pid that died half-way is removed first; one this
+    write leaves after a failure is removed before the error goes on.
+    """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     with contextlib.suppress(FileNotFoundError):
         tmp.unlink()  # left by a process of this pid that died half-way

@@ -1,24 +1,9 @@
 """The Snowflake layout: how a 64-bit ID splits into time, datacenter, lane and sequence.
 
-From the most significant bit down an ID is ``0 | timestamp | datacenter | lane | sequence``;
-the default widths are 1 | 41 | 5 | 5 | 12 with the epoch 2020-01-01T00:00:00Z.
-
-Rules:
-
-- The four widths sum to 63, so the sign bit stays 0 and every ID is a non-negative signed
-  64-bit integer (a PostgreSQL ``bigint``). ``timestamp_bits`` and ``sequence_bits`` are at
-  least 1; ``datacenter_bits`` and ``lane_bits`` may be 0 (the field is then unused).
-- The timestamp counts milliseconds since ``epoch_ms`` (Unix milliseconds, UTC). The range
-  ends at ``ends_at_ms``, the last millisecond the time bits can hold; encoding past it is
-  an error, never a wrap-around. That end must fall before the year 10000, so every
-  timestamp can be written as ISO-8601.
-- An ID's timestamp says when its *block was cut* by the leader, not when the ID was handed
-  out or used: blocks are cut ahead of demand and wait in the pool until claimed.
-- The worker field is a *lane*: the leader is the only generator in its cluster, so it owns
-  every lane. For a fixed datacenter, the order of IDs is the order of their
-  ``(timestamp_ms, lane, sequence)`` tuples.
-- No hidden I/O: building a :class:`Layout` never reads the clock. Whoever loads a layout
-  from configuration calls :meth:`Layout.check_epoch` with the current time.
+From the most significant bit down an ID is ``0 | timestamp | datacenter | lane |
+sequence``; the default widths are 1 | 41 | 5 | 5 | 12 with the epoch 2020-01-01T00:00:00Z.
+An ID's timestamp says when its block was cut, not when it was handed out (docs/design.md
+§5).
 """
 
 from __future__ import annotations
@@ -81,7 +66,7 @@ class DecodedId:
     sequence: int
 
     def to_json(self) -> dict[str, int | str]:
-        """The stable ``allocator decode --json`` object (DESIGN §10)."""
+        """The stable ``allocator decode --json`` object (docs/design.md §10)."""
         return {
             "id": self.id,
             "timestamp_ms": self.timestamp_ms,
@@ -94,7 +79,21 @@ class DecodedId:
 
 @dataclass(frozen=True)
 class Layout:
-    """Bit widths and epoch of the IDs; validated on construction, without reading the clock."""
+    """Bit widths and epoch of the IDs; validated on construction, without reading the
+    clock.
+
+    - The four widths sum to 63, so the sign bit stays 0 and every ID is a non-negative
+      PostgreSQL ``bigint``; ``timestamp_bits`` and ``sequence_bits`` are at least 1,
+      ``datacenter_bits`` and ``lane_bits`` may be 0 (the field is then unused).
+    - The timestamp counts milliseconds since ``epoch_ms`` (Unix ms, UTC); the range ends at
+      :attr:`ends_at_ms`, which must fall before the year 10000 so every timestamp can be
+      written as ISO-8601.
+    - The worker field is a lane: the leader is the only generator in its cluster and owns
+      every lane. For a fixed datacenter, IDs order like their ``(timestamp_ms, lane,
+      sequence)`` tuples.
+    - No hidden I/O: whoever loads a layout from configuration calls :meth:`check_epoch`
+      with the current time.
+    """
 
     epoch_ms: int = DEFAULT_EPOCH_MS
     timestamp_bits: int = DEFAULT_TIMESTAMP_BITS
@@ -175,6 +174,7 @@ class Layout:
 
     @property
     def epoch(self) -> datetime:
+        """The epoch as an aware UTC datetime."""
         return utc_from_ms(self.epoch_ms)
 
     @property
@@ -194,6 +194,7 @@ class Layout:
 
     @property
     def lanes(self) -> int:
+        """How many lanes one millisecond has (``2^lane_bits``)."""
         return 1 << self.lane_bits
 
     @property
@@ -209,7 +210,11 @@ class Layout:
         return (1 << self.datacenter_bits) - 1
 
     def encode(self, timestamp_ms: int, datacenter: int, lane: int, sequence: int) -> int:
-        """The ID of one position; ``timestamp_ms`` is absolute (Unix ms), not an offset."""
+        """The ID of one position; ``timestamp_ms`` is absolute (Unix ms), not an offset.
+
+        Past :attr:`ends_at_ms` (or any field out of range) is a :class:`LayoutError`, never
+        a wrap-around.
+        """
         if timestamp_ms < self.epoch_ms:
             raise LayoutError(
                 f"timestamp {_describe_ms(timestamp_ms)} is before the layout's epoch "

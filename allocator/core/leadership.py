@@ -1,21 +1,7 @@
 """Who may write, decided conservatively: the session guard and the leader's term.
 
-Rules (DESIGN §2 I6, §4; River's leadership doc and kazoo's ``KazooState`` docs):
-- Trust is earned, never assumed: a node may write only while (1) it holds a term, i.e. it
-  is first in the election AND its fence takeover committed, and (2) its ZooKeeper session
-  is CONNECTED. Both are checked by :meth:`Term.may_write`, which every write path calls
-  before it starts AND again right before it commits.
-- SUSPENDED (connection lost, session maybe alive) withdraws trust at once, from the kazoo
-  listener itself (setting an Event never blocks). In-flight writes are abandoned: their
-  commit-time check fails and they roll back.
-- kazoo reports LOST only after reconnecting; a node cut off from every server could stay
-  SUSPENDED for ever. The guard's own timer therefore declares the session lost once a
-  suspension has lasted the session timeout, whatever kazoo says later.
-- A CONNECTED after SUSPENDED restores the session but not trust in the term: the leader
-  loop re-checks that its znode still exists and is owned by this session (same token)
-  before it resumes writing.
-- Listeners run on kazoo's connection thread: they only flip Events; all reactions happen on
-  the node's own threads.
+The rules (I6; trust earned, never assumed; SUSPENDED withdraws it) are docs/design.md §4;
+they follow River's leadership doc and kazoo's ``KazooState`` docs.
 """
 
 from __future__ import annotations
@@ -38,7 +24,12 @@ strings): the guard takes them without the domain importing kazoo."""
 
 
 class SessionGuard:
-    """Tracks the ZooKeeper session as the node must see it (a kazoo state listener)."""
+    """Tracks the ZooKeeper session as the node must see it (a kazoo state listener).
+
+    kazoo reports LOST only after reconnecting, so a node cut off from every server could
+    stay SUSPENDED for ever: :meth:`check_timer` declares the session lost once a suspension
+    has lasted the session timeout, whatever kazoo says later.
+    """
 
     def __init__(
         self, session_timeout_s: float, clock: Callable[[], float] = time.monotonic
@@ -55,6 +46,14 @@ class SessionGuard:
 
     # kazoo listener: must not block, must not call ZooKeeper.
     def __call__(self, state: str) -> None:
+        """The kazoo listener, on kazoo's connection thread: it only flips Events, never
+        blocks.
+
+        SUSPENDED withdraws trust at once (in-flight writes then fail their commit-time
+        check and roll back). A CONNECTED after SUSPENDED restores the session but not trust
+        in the term: the leader loop re-checks its znode before it resumes writing. Every
+        reaction happens on the node's own threads.
+        """
         with self._lock:
             if state == CONNECTED:
                 self._suspended_at = None
@@ -90,14 +89,19 @@ class SessionGuard:
 
     @property
     def connected(self) -> bool:
+        """True while the session is CONNECTED and has not been declared lost."""
         return self._connected.is_set()
 
     @property
     def lost(self) -> bool:
+        """True once the session was lost (kazoo LOST, or the guard's own timer), until
+        :meth:`reset`.
+        """
         return self._lost.is_set()
 
     @property
     def suspended_for_s(self) -> float | None:
+        """Seconds since the connection was suspended; None while connected."""
         with self._lock:
             return None if self._suspended_at is None else self._clock() - self._suspended_at
 
@@ -144,8 +148,14 @@ class Term:
 
     @property
     def ended(self) -> bool:
+        """True once :meth:`end` was called."""
         return self._ended.is_set()
 
     def may_write(self) -> bool:
-        """True only while the term is active and the session is connected and not lost."""
+        """True only while the term is active and the session is connected and not lost.
+
+        A node holds an active term once it is first in the election and its fence takeover
+        committed. Every write path calls this before it starts and again right before it
+        commits.
+        """
         return self._active.is_set() and self.guard.connected and not self.guard.lost

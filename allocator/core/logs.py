@@ -1,37 +1,9 @@
-"""Logging: structured events through structlog, one line each; ``text`` for people, ``json``
-for machines.
+"""Logging: structured events through structlog, one line each; ``text`` for people,
+``json`` for machines.
 
-Rules:
-
-- Modules log through :func:`get_logger` (a structlog logger over the stdlib logger of the
-  module's name): ``log.info("fence_taken", name=self.name, epoch=token.epoch)``. The first
-  argument is the event's stable name (past tense or a state: ``elected``, ``fence_taken``,
-  ``session_lost``, ``refill`` ...); operators, alerts, docs and tests grep for it, so it
-  never changes casually. The keyword arguments are the event's fields, typed: an int stays
-  an int, a float a float, a bool a bool, a string keeps its spaces. A sentence for people
-  goes in a ``note`` field; an exception in ``error`` (``str(exc)``, or ``repr(exc)`` for
-  exceptions whose text says nothing); ``exc_info`` attaches a traceback.
-- Every event becomes one stdlib :class:`logging.LogRecord` of that logger (so ``caplog``,
-  an embedding application's handlers and the records of kazoo, APScheduler and psycopg
-  share one stream). Its message is the event in logfmt (``event=<name> key=value ...``,
-  a value with a space, ``=`` or ``"`` in double quotes); its fields ride on the record
-  (:data:`FIELDS_ATTR`). Field values are redacted (:func:`allocator.core.redact.redact`) when
-  the event is made, so the message and the fields never hold a secret.
-- ``text`` lines: ``<local time> <LEVEL> <logger> <message>``, as a terminal wants them.
-- ``json`` lines: one JSON object per line (structlog's ``ProcessorFormatter`` and
-  ``JSONRenderer``): ``timestamp`` (ISO-8601 in UTC, milliseconds, ``Z``), ``level``
-  (lower case), ``logger``, ``event``, then the fields with their types; a record from
-  another library (or a stdlib logger of ours) carries its message as ``event``; a
-  traceback is the ``exception`` field, a stack the ``stack_info`` field. A float that is
-  not finite is written as a string (JSON has no NaN). So no event has a field named
-  ``timestamp``, ``level``, ``logger`` or ``exception`` (a unit test checks the calls).
-- Every line leaves with its secrets masked: text lines through :class:`RedactingFormatter`
-  (the whole line, tracebacks included), JSON lines value by value (masking the rendered
-  line could cut a JSON string short), whatever a library put in its message.
-- :func:`configure` (``allocator run``) sends the root logger to stderr in the configured
-  format, quiets kazoo's and APScheduler's chatter, routes :mod:`warnings`, the
-  tracebacks of threads that die and the exceptions Python ignores (``sys.unraisablehook``)
-  through logging, so even those lines are in the format and masked.
+Every event is one stdlib :class:`logging.LogRecord`, so ``caplog``, an embedding
+application's handlers and the records of kazoo, APScheduler and psycopg share one stream;
+every line leaves with its secrets masked (docs/design.md §7).
 """
 
 from __future__ import annotations
@@ -58,7 +30,17 @@ _LOGFMT: Final = structlog.processors.LogfmtRenderer(key_order=["event"], bool_a
 
 
 def get_logger(name: str) -> structlog.stdlib.BoundLogger:
-    """A structured logger writing to the stdlib logger ``name`` (see the rules)."""
+    """A structured logger writing to the stdlib logger ``name``.
+
+    ``log.info("fence_taken", name=self.name, epoch=token.epoch)``: the first argument is
+    the event's stable name (past tense or a state: ``elected``, ``session_lost``,
+    ``refill``); operators, alerts, docs and tests grep for it, so it never changes
+    casually. Keyword arguments are the event's typed fields (an int stays an int, a string
+    keeps its spaces); a sentence for people goes in ``note``, an exception in ``error``
+    (``str(exc)``, or ``repr(exc)`` when its text says nothing); ``exc_info`` attaches a
+    traceback. No event has a field named ``timestamp``, ``level``, ``logger`` or
+    ``exception`` (a unit test checks).
+    """
     return structlog.stdlib.BoundLogger(
         logging.getLogger(name),
         [structlog.stdlib.filter_by_level, _to_record],
@@ -83,8 +65,13 @@ def safe_value(value: object) -> object:
 
 
 def _to_record(logger: WrappedLogger, method_name: str, event_dict: EventDict) -> Any:
-    """The last processor: the stdlib call's arguments (the logfmt message, the fields on
-    the record, the stdlib keywords such as ``exc_info`` passed on)."""
+    """The last processor: the stdlib call's arguments.
+
+    The message is the event in logfmt (``event=<name> key=value ...``, a value with a
+    space, ``=`` or ``"`` quoted); the fields ride on the record (:data:`FIELDS_ATTR`),
+    redacted when the event is made, so neither the message nor the fields hold a secret;
+    the stdlib keywords such as ``exc_info`` are passed on.
+    """
     stdlib = {key: event_dict.pop(key) for key in _STDLIB_KEYS if key in event_dict}
     fields = {str(key): safe_value(value) for key, value in event_dict.items()}
     message = _LOGFMT(logger, method_name, dict(fields))  # (it pops the keys it renders)
@@ -126,7 +113,14 @@ def _dumps(obj: object, **kw: Any) -> str:
 
 
 class JsonFormatter(structlog.stdlib.ProcessorFormatter):
-    """One JSON object per record, secrets masked in every value (see the rules)."""
+    """One JSON object per record, secrets masked value by value.
+
+    ``timestamp`` (ISO-8601 UTC, milliseconds, ``Z``), ``level`` (lower case), ``logger``,
+    ``event``, then the fields with their types; a foreign record carries its message as
+    ``event``; a traceback is the ``exception`` field, a stack ``stack_info``; a non-finite
+    float is a string (JSON has no NaN). Masking value by value, not the rendered line,
+    keeps every JSON string whole.
+    """
 
     def __init__(self) -> None:
         super().__init__(
@@ -143,7 +137,10 @@ class JsonFormatter(structlog.stdlib.ProcessorFormatter):
 
 
 class RedactingFormatter(logging.Formatter):
-    """``inner``'s line with every secret masked (:func:`allocator.core.redact.redact`)."""
+    """``inner``'s line with every secret masked (:func:`allocator.core.redact.redact`).
+
+    Masks the whole line, tracebacks and a library's own message included.
+    """
 
     def __init__(self, inner: logging.Formatter) -> None:
         super().__init__()
@@ -168,7 +165,12 @@ def handler(log_format: str = "text", stream: TextIO | None = None) -> logging.H
 
 
 def configure(log_format: str, level: int = logging.INFO) -> None:
-    """The root logger to stderr in ``log_format``; warnings and dying threads logged too."""
+    """The root logger to stderr in ``log_format`` (what ``allocator run`` calls).
+
+    Quiets kazoo's and APScheduler's chatter and routes :mod:`warnings`, the tracebacks of
+    threads that die and the exceptions Python ignores (``sys.unraisablehook``) through
+    logging, so even those lines are in the format and masked.
+    """
     root = logging.getLogger()
     root.handlers[:] = [handler(log_format)]
     root.setLevel(level)

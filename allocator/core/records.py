@@ -1,8 +1,7 @@
 """What the store answers the node: small frozen values, free of any driver.
 
 :class:`~allocator.postgres.store.NodeDatabase` builds them from rows (column names match
-the fields); the node's seams (:mod:`allocator.node.seams`), the fakes and the operators'
-reports use them.
+the fields); the node's seams, the fakes and the operators' reports use them.
 """
 
 from __future__ import annotations
@@ -100,6 +99,7 @@ class FenceState:
 
     @property
     def token(self) -> Token:
+        """The fence's ``(generation, epoch)`` as a token."""
         return Token(self.generation, self.epoch)
 
 
@@ -147,6 +147,7 @@ class Replication:
         )
 
     def describe(self) -> str:
+        """One line for people: standbys and whether commits wait for them."""
         return (
             f"standbys={self.standbys} synchronous_standbys={self.synchronous_standbys} "
             f"synchronous_standby_names={self.synchronous_standby_names!r} "

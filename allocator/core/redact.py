@@ -1,26 +1,7 @@
 """Secrets kept out of every output: connection strings masked, known secret values masked.
 
-Rules:
-
-- libpq's secret connection parameters are :data:`SECRET_PARAMETERS`: ``password`` and
-  ``sslpassword`` (the passphrase of the client key). Every other parameter is a name, a
-  path or a setting (``passfile``, ``sslkey`` name files, which are not secrets).
-- :func:`mask_conninfo` masks them in either form libpq reads: a URL (the password in the
-  user info, and ``password=``/``sslpassword=`` query parameters, percent-encoded names
-  too) and ``key=value`` pairs. A URL whose password cannot be told apart (an unescaped
-  ``/``, ``?`` or ``#`` in it, a malformed host) is masked whole after the scheme.
-- :func:`redact` makes any text safe to print or log: every URL in it (``postgresql://``
-  and any other scheme) through :func:`mask_conninfo`, every ``password=`` /
-  ``sslpassword=`` pair, and every registered secret value. libpq's own error messages
-  echo pieces of the connection string (``invalid percent-encoded token: "s3cr%ZZ"``), so
-  the CLI passes every error line through it and :mod:`allocator.core.logs` every log line.
-- :func:`register` records secret values for :func:`redact` (the configuration registers
-  ``zookeeper.auth``, ``node.admin_token`` and the passwords of ``postgres.url`` when it
-  loads). A value shorter than :data:`MIN_REGISTERED_CHARS` is not registered (masking
-  it would garble ordinary words); such a password is still masked where it stands in a
-  URL or a ``password=`` pair. The registry lives as long as the process.
-- :func:`carries_secret` tells whether a connection string carries a secret parameter:
-  the CLI refuses one on its command line (it would show in the process list).
+The CLI passes every error line through :func:`redact` and :mod:`allocator.core.logs` every
+log line, because libpq's own messages echo pieces of the connection string.
 """
 
 from __future__ import annotations
@@ -47,19 +28,35 @@ _registered: tuple[str, ...] = ()
 
 
 def mask_conninfo(conninfo: str) -> str:
-    """``conninfo`` (a URL or ``key=value`` pairs) with every secret parameter masked."""
+    """``conninfo`` (a URL or ``key=value`` pairs) with every secret parameter masked.
+
+    The secret parameters are :data:`SECRET_PARAMETERS`: ``password`` and ``sslpassword``
+    (the client key's passphrase); every other one (``passfile``, ``sslkey`` name files) is
+    a name, a path or a setting. In a URL, the password in the user info and the query's
+    ``password=``/``sslpassword=`` (percent-encoded names too) are masked; a URL whose
+    password cannot be told apart (an unescaped ``/``, ``?`` or ``#`` in it, a malformed
+    host) is masked whole after the scheme.
+    """
     if _URL.match(conninfo):
         return _mask_url(conninfo)
     return _PAIR.sub(_masked_pair, conninfo)
 
 
 def carries_secret(conninfo: str) -> bool:
-    """True when ``conninfo`` holds a password (or another secret parameter)."""
+    """True when ``conninfo`` holds a password (or another secret parameter).
+
+    The CLI refuses such a string on its command line, where it would show in the process
+    list.
+    """
     return mask_conninfo(conninfo) != conninfo
 
 
 def redact(text: str) -> str:
-    """``text`` with every connection-string secret and every registered value masked."""
+    """``text`` with every connection-string secret and every registered value masked.
+
+    Every URL in it (any scheme) goes through :func:`mask_conninfo`, then every
+    ``password=`` / ``sslpassword=`` pair, then every registered value.
+    """
     text = _URL.sub(lambda match: _mask_url(match.group()), text)
     text = _PAIR.sub(_masked_pair, text)
     for value in _registered:
@@ -69,8 +66,13 @@ def redact(text: str) -> str:
 
 
 def register(*values: str) -> None:
-    """Remember secret values for :func:`redact` (those of at least
-    :data:`MIN_REGISTERED_CHARS` characters; the empty string is no secret)."""
+    """Remember secret values for :func:`redact`, for the life of the process.
+
+    The configuration registers ``zookeeper.auth``, ``node.admin_token`` and the passwords
+    of ``postgres.url`` when it loads. A value shorter than :data:`MIN_REGISTERED_CHARS` is
+    not registered (masking it would garble ordinary words); such a password is still masked
+    where it stands in a URL or a ``password=`` pair.
+    """
     global _registered
     fresh = {value for value in values if len(value) >= MIN_REGISTERED_CHARS}
     if not fresh.difference(_registered):

@@ -1,72 +1,9 @@
-"""The invariant checker: DESIGN §2 (I1-I6) and §11 judged from what a run left behind.
+"""The invariant checker: I1-I7 (docs/design.md §2, §11, §12) judged from what a run left
+behind.
 
-:func:`check` takes what the consumers recorded (every claim that *returned* to them, see
-:mod:`allocator.drill.consumers`), the ``allocator.block_ledger`` and ``allocator.leader_history``
-views, the fenced maintenance writes (``allocator.fenced_writes``), the leader's serving
-stretches (``allocator.serving_history``, migration 0011) and the Snowflake layout (all read
-by :mod:`allocator.postgres.ledger`), and returns every violation found; an empty list
-means the run was clean. It is pure (no I/O, no clock), so ``tests/unit/test_verify.py``
-proves on synthetic data that each kind of violation is caught. ``allocator drill``,
-``allocator demo`` and the chaos suite all judge their runs with it.
-
-Rules, one per invariant (the ``invariant`` field of a :class:`Violation`):
-
-- I1 no overlap, no double hand-out: no two ledger blocks overlap and none is malformed; no
-  block was returned to consumers twice; no two ranges consumers received overlap; a block
-  a consumer received is not recorded in the ledger as claimed by another consumer. When
-  the datacenter id is known (the layout the database recorded), every block lies inside
-  one millisecond of that datacenter, as ``cut_blocks`` checks on every cut (DESIGN §5,
-  §11), so two clusters never collide.
-- I2 cut order: in ``block_id`` order (the order blocks were inserted, i.e. cut: cuts are
-  serialised on the high-water row), every block starts strictly after the last ID of every
-  earlier block.
-- I3 fencing, judged by order: in first-ID order, the token ``(generation, epoch)`` of the
-  blocks never decreases, and every block's token names a term of the leader history; the
-  same holds for the requeues and prunes (``allocator.fenced_writes``) in write order
-  (``write_id``). A smaller token after a larger one is a write by a leader that had lost
-  the fence: a stale write committed. The history itself never has two terms at once (a
-  term still open, or ended after the next began) and its tokens grow with ``elected_at``
-  (the fence only moves forward; both times are taken under the fence row's lock).
-
-  Not judged: ``cut_at`` against a term's ``[elected_at, ended_at)``. The timestamps come
-  from different transactions (and, across a PostgreSQL failover, from different servers'
-  clocks): a successor's takeover timestamp can precede a legitimate cut that took the
-  fence lock first, so a time comparison reports clean runs. Order cannot be fooled that
-  way; its blind spot is a stale write that lands after the takeover but before the
-  successor's first write, which no later write contradicts. The database's fence (the
-  exact-token lock in ``cut_blocks``, DESIGN §3) is what forbids that one; the chaos
-  suite's proof (``tests/chaos/test_checker_proof.py``) and the drill's test against a
-  broken fence show that a stale leader writing alongside its successor is caught.
-- I4 durability: every range a consumer received is in the ledger, with the same bounds,
-  claimed by that consumer.
-- I5 time: the decoded timestamps of first IDs never go backwards in cut order, and none is
-  past the layout's end. (Every ID in ``0..2^63-1`` decodes to a millisecond at or before
-  ``layout.ends_at_ms``, so "past the end" means an ID outside that range.) And the clock
-  rule of DESIGN §11: no block's last ID carries a millisecond past its ``cut_at`` (the
-  database clock) plus ``max(max_clock_ahead_ms, the lead of the block cut before it)``;
-  the first block in the ledger is judged against ``initial_lead_ms``.
-- I7 the bound on an ID's age (migration 0011): no block handed out while a bound was in
-  force carries a first ID older than that bound at its hand-out. The hand-out time is the
-  ledger's ``claimed_at`` (the claim's statement time, by the database clock; voids, whose
-  ``claimed_by`` starts with ``allocator:``, are not hand-outs); when a bound was in force
-  comes from ``allocator.serving_history``: a stretch of heartbeats no more than
-  ``leader_stale_ms / 2`` apart, so a leader served, as ``claim_blocks`` judged it, from its
-  ``first_at`` to ``last_at + leader_stale_ms``, with that stretch's ``max_block_age_ms``;
-  with ``serve_aged_without_leader`` false the bound held on until the next stretch began.
-  A heartbeat is visible to claims only once it commits, so ``serving_grace_ms`` is left
-  unjudged at both ends of each stretch (where two stretches overlap, the larger bound is
-  used). Judged against ``claimed_at`` rather than the time the claim read the bound,
-  which came later in the same call: a claim the database let through is never reported.
-- I6 (a node that cannot prove it leads writes nothing) is not checkable from these inputs:
-  the database never learns when a node's ZooKeeper session was suspended or lost, and a
-  write made while the fence is still the node's is indistinguishable from a legitimate
-  one. Its consequence that matters, a write landing after a successor's, is I3 above; the
-  chaos suite checks I6 itself from the nodes' logs and metrics.
-
-Retention must not prune during a judged run (its default keeps a day), or I4 would report
-pruned blocks as lost. Claims whose reply was lost (an error after the commit) are in the
-ledger but not in the records: that is allowed, not a violation. At most
-:data:`MAX_PER_RULE` violations are reported per rule.
+Pure (no I/O, no clock), so ``tests/unit/test_verify.py`` proves on synthetic data that each
+kind of violation is caught; ``allocator drill``, ``allocator demo`` and the chaos suite
+judge their runs with :func:`check` (docs/design.md §9).
 """
 
 from __future__ import annotations
@@ -169,6 +106,7 @@ class Violation:
         return f"{self.invariant}: {self.message}"
 
     def to_json(self) -> dict[str, Any]:
+        """The violation as a drill report's JSON object."""
         return {"invariant": self.invariant, "message": self.message}
 
 
@@ -185,7 +123,25 @@ def check(
     serving: Iterable[ServingRow] = (),
     serving_grace_ms: int = SERVING_GRACE_MS,
 ) -> list[Violation]:
-    """Every violation of the module's rules in one run; [] when clean."""
+    """Every violation of I1-I5 and I7 in one run; [] when clean.
+
+    Inputs: what the consumers recorded (every claim that *returned* to them, see
+    :mod:`allocator.drill.consumers`), the ``allocator.block_ledger`` and
+    ``allocator.leader_history`` views, the fenced maintenance writes
+    (``allocator.fenced_writes``), the leader's serving stretches
+    (``allocator.serving_history``, migration 0011) and the layout, all read by
+    :mod:`allocator.postgres.ledger`. Each rule is the docstring of the helper that judges
+    it. At most :data:`MAX_PER_RULE` violations are reported per rule.
+
+    - Retention must not prune during a judged run (its default keeps a day), or I4 would
+      report pruned blocks as lost.
+    - A claim whose reply was lost (an error after the commit) is in the ledger but not in
+      the records: allowed, not a violation.
+    - I6 is not checkable from these inputs: the database never learns when a node's session
+      was suspended or lost, and a write made while the fence is still the node's looks
+      legitimate. Its consequence that matters, a write landing after a successor's, is I3;
+      the chaos suite checks I6 itself from the nodes' logs and metrics.
+    """
     claims = list(records)
     ledger = sorted(ledger_rows, key=lambda row: row.block_id)
     by_first = sorted(ledger, key=lambda row: (row.first_id, row.block_id))
@@ -236,6 +192,7 @@ def counts_text(violations: Iterable[Violation]) -> str:
 
 
 def _ledger_disjoint(by_first: Sequence[LedgerRow]) -> Iterable[Violation]:
+    """I1: no two ledger blocks overlap and none is malformed."""
     for row in by_first:
         if row.last_id < row.first_id:
             yield Violation("I1", f"block {row.block_id} is malformed: {_span(row)}")
@@ -249,6 +206,10 @@ def _ledger_disjoint(by_first: Sequence[LedgerRow]) -> Iterable[Violation]:
 def _inside_the_datacenter(
     ledger: Sequence[LedgerRow], layout: Layout, datacenter_id: int | None
 ) -> Iterable[Violation]:
+    """I1 across clusters: with the datacenter id known (the layout the database recorded),
+    every block lies inside one millisecond of that datacenter, as ``cut_blocks`` checks on
+    every cut (docs/design.md §5, §11), so two clusters never collide.
+    """
     if datacenter_id is None:
         return
     shift = layout.lane_bits + layout.sequence_bits
@@ -274,6 +235,7 @@ def _inside_the_datacenter(
 
 
 def _handed_out_once(claims: Sequence[Claim]) -> Iterable[Violation]:
+    """I1: no block was returned to consumers twice."""
     seen: dict[int, Claim] = {}
     for claim in claims:
         earlier = seen.setdefault(claim.block_id, claim)
@@ -286,6 +248,7 @@ def _handed_out_once(claims: Sequence[Claim]) -> Iterable[Violation]:
 
 
 def _claims_disjoint(claims: Sequence[Claim]) -> Iterable[Violation]:
+    """I1: no two ranges consumers received overlap."""
     distinct = {claim.block_id: claim for claim in claims}  # repeats: _handed_out_once
     by_first = sorted(distinct.values(), key=lambda claim: (claim.first_id, claim.block_id))
     for a, b in itertools.pairwise(by_first):
@@ -303,6 +266,9 @@ def _claims_disjoint(claims: Sequence[Claim]) -> Iterable[Violation]:
 def _claims_match_ledger(
     claims: Sequence[Claim], ledger: Sequence[LedgerRow]
 ) -> Iterable[Violation]:
+    """I4: every range a consumer received is in the ledger with the same bounds, claimed by
+    that consumer; I1: not claimed by another consumer.
+    """
     rows = {row.block_id: row for row in ledger}
     for claim in claims:
         row = rows.get(claim.block_id)
@@ -336,6 +302,9 @@ def _claims_match_ledger(
 
 
 def _cut_order(ledger: Sequence[LedgerRow]) -> Iterable[Violation]:
+    """I2: in ``block_id`` order (insertion, i.e. cut order: cuts are serialised on the
+    high-water row) every block starts strictly after the last ID of every earlier block.
+    """
     highest: LedgerRow | None = None
     for row in ledger:
         if highest is not None and row.first_id <= highest.last_id:
@@ -356,6 +325,10 @@ def _token(item: TermRow | LedgerRow | WriteRow | ServingRow) -> Token:
 
 
 def _history_consistent(terms: Sequence[TermRow]) -> Iterable[Violation]:
+    """I3: the history never has two terms at once (a term still open, or ended after the
+    next began), and its tokens grow with ``elected_at`` (both times are taken under the
+    fence row's lock).
+    """
     for a, b in itertools.pairwise(terms):
         if _token(b) <= _token(a):
             yield Violation(
@@ -388,7 +361,18 @@ def _tokens_recorded(
 def _tokens_in_order(
     kind: str, verb: str, tokens: Sequence[tuple[int, Token]]
 ) -> Iterable[Violation]:
-    """In ``tokens``' order the token never goes back: a smaller one is a stale leader's."""
+    """In ``tokens``' order the token never goes back: a smaller one is a stale leader's
+    (I3).
+
+    Blocks are judged in first-ID order, requeues and prunes in write order. I3 is judged by
+    order, not by comparing ``cut_at`` with a term's ``[elected_at, ended_at)``: those come
+    from different transactions (across a PostgreSQL failover, different servers' clocks),
+    and a successor's takeover time can precede a legitimate cut that took the fence lock
+    first. Order's blind spot is a stale write after the takeover but before the successor's
+    first write; the fence's exact-token lock in ``cut_blocks`` (docs/design.md §3) forbids
+    that one, and ``tests/chaos/test_checker_proof.py`` and the drill's broken-fence test
+    show a stale leader writing alongside its successor is caught.
+    """
     newest: tuple[int, Token] | None = None
     for ident, token in tokens:
         if newest is not None and token < newest[1]:
@@ -407,8 +391,14 @@ def _tokens_in_order(
 def _within_clock_bound(
     ledger: Sequence[LedgerRow], layout: Layout, max_clock_ahead_ms: int, initial_lead_ms: int
 ) -> Iterable[Violation]:
-    """Blocks of one ``cut_blocks`` call share their ``cut_at`` and token; the allowance of a
-    call is the lead of the last block of the call before it (what the database compared)."""
+    """I5, the clock rule (docs/design.md §11): no block's last ID carries a millisecond
+    past its ``cut_at`` (the database clock) plus ``max(max_clock_ahead_ms, the lead of
+    the block cut before it)``.
+
+    Blocks of one ``cut_blocks`` call share their ``cut_at`` and token; the allowance of a
+    call is the lead of the last block of the call before it (what the database compared);
+    the first block in the ledger is judged against ``initial_lead_ms``.
+    """
     lead_ms = initial_lead_ms
     for _key, group in itertools.groupby(ledger, key=lambda row: (row.cut_at, _token(row))):
         allowed_ms = max(max_clock_ahead_ms, lead_ms)
@@ -429,6 +419,9 @@ def _within_clock_bound(
 
 
 def _timestamps(ledger: Sequence[LedgerRow], layout: Layout) -> Iterable[Violation]:
+    """I5: decoded first-ID timestamps never go backwards in cut order, and none is past the
+    layout's end (an ID outside ``0..2^63-1``).
+    """
     latest: tuple[int, int] | None = None  # (timestamp_ms, block_id)
     for row in ledger:
         try:
@@ -457,6 +450,14 @@ BoundWindow = tuple[datetime, datetime, int, ServingRow]
 
 
 def _bound_windows(serving: Iterable[ServingRow], grace_ms: int) -> list[BoundWindow]:
+    """When a bound on an ID's age was in force for sure, from the serving stretches.
+
+    A stretch is heartbeats no more than ``leader_stale_ms / 2`` apart, so a leader served,
+    as ``claim_blocks`` judged it, from ``first_at`` to ``last_at + leader_stale_ms``; with
+    ``serve_aged_without_leader`` false the bound held on until the next stretch began. A
+    heartbeat is visible to claims only once it commits, so ``grace_ms`` is left unjudged at
+    both ends.
+    """
     stretches = sorted(serving, key=lambda row: (row.first_at, row.stretch_id))
     grace = timedelta(milliseconds=grace_ms)
     windows: list[BoundWindow] = []
@@ -475,6 +476,15 @@ def _bound_windows(serving: Iterable[ServingRow], grace_ms: int) -> list[BoundWi
 def _within_age_bound(
     ledger: Sequence[LedgerRow], windows: Sequence[BoundWindow], layout: Layout
 ) -> Iterable[Violation]:
+    """I7 (docs/design.md §12): no block handed out while a bound was in force carries a
+    first ID older than that bound at its hand-out.
+
+    The hand-out time is the ledger's ``claimed_at`` (the claim's statement time, database
+    clock); voids (``claimed_by`` starting with ``allocator:``) are not hand-outs; where
+    windows overlap the larger bound is used. Judged against ``claimed_at`` rather than the
+    later moment the claim read the bound, so a claim the database let through is never
+    reported.
+    """
     if not windows:
         return
     for row in ledger:

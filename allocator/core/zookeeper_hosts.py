@@ -1,6 +1,6 @@
 """A ZooKeeper hosts string (``zk1:2181,zk2:2181/a/b``): its servers and its chroot.
 
-The one parser of it: the configuration checks it, nodes, operator commands and the reaper
+The one parser of it: the configuration, the nodes, the operator commands and the reaper
 split it here.
 """
 

@@ -1,33 +1,10 @@
 """The fencing token and what it is compared with: one home for the fence's rules.
 
-Rules (DESIGN §3, §11):
-
-- A :class:`Token` is ``(generation, epoch)``. ``epoch`` is the czxid of the leader's own
-  election znode (all 64 bits); ``generation`` is the number an operator's
-  ``allocator fence rebase`` last wrote into ZooKeeper (the data of :func:`generation_path`,
-  0 while that znode does not exist). A node reads both from its own ZooKeeper session and
-  passes both to PostgreSQL; SQL never fills in either half. Tokens order as pairs.
-- PostgreSQL moves the fence forward only (``take_fence``: the new token must be greater)
-  and every fenced write must carry the fence's token exactly (``lock_fence``: equality).
-- The fence is *ahead of ZooKeeper* when the database holds a token that ZooKeeper can
-  never have issued: a greater generation than the one ZooKeeper records, or, in the same
-  generation, an epoch greater than every zxid the ensemble has used under the election
-  path (its ``pzxid`` after a ``sync``; every czxid of a child is at most the parent's
-  pzxid, and zxids never go backwards in a healthy ensemble). That happens only when the
-  ensemble was wiped or restored from an older snapshot; no takeover can succeed until an
-  operator re-bases the fence. Nodes report it and wait; they do not churn.
-- The *watermark* (:func:`watermark_path`, a sibling of the election path) is ZooKeeper's
-  copy of the newest token and high-water mark the database is known to have committed:
-  each leader raises it right after its takeover and after its cuts (at most once a
-  second), never lowers it (a read-modify-write on the znode's version keeps the larger of
-  each). It lags the database, so in a healthy cluster the database is never below it.
-  The database *went backwards* when its fence or mark is below the watermark (a restore
-  from a backup, a failover to a standby that missed commits): nodes then neither take the
-  fence nor cut, report it and wait for an operator. A watermark that does not parse is
-  reported and ignored: it cannot make a node refuse to lead.
-- Every number read from ZooKeeper must fit the database's ``bigint`` (:data:`BIGINT_MAX`);
-  one that does not is unparsable. One bad write must not block every node for good (the
-  watermark is never lowered) nor overflow a reset's arithmetic.
+The protocol (takeover forward only, every write on the exact token, the re-base after a
+ZooKeeper rebuild) is docs/design.md §3; the watermark and a database that went backwards,
+§11. Every number read from ZooKeeper must fit PostgreSQL's ``bigint`` (:data:`BIGINT_MAX`):
+one that does not is unparsable, so one bad write can neither block every node for good nor
+overflow a reset's arithmetic.
 """
 
 from __future__ import annotations
@@ -55,7 +32,15 @@ _DECIMAL = re.compile(r"[0-9]+")
 
 
 class Token(NamedTuple):
-    """A fencing token; compares as the pair ``(generation, epoch)``."""
+    """A fencing token; compares as the pair ``(generation, epoch)``.
+
+    ``epoch`` is the czxid of the leader's own election znode (all 64 bits); ``generation``
+    is the number ``allocator fence rebase`` last wrote into ZooKeeper
+    (:func:`generation_path`, 0 while that znode does not exist). A node reads both from its
+    own session and passes both to PostgreSQL; SQL never fills in either half. PostgreSQL
+    moves the fence forward only (``take_fence``: the new token must be greater) and every
+    fenced write must carry it exactly (``lock_fence``: equality).
+    """
 
     generation: int
     epoch: int
@@ -91,7 +76,16 @@ def parse_generation(data: bytes | None) -> int:
 
 
 def ahead_of_zookeeper(fence: Token, zk_generation: int, zk_pzxid: int) -> bool:
-    """True if the database's fence holds a token this ZooKeeper ensemble cannot have issued."""
+    """True if the database's fence holds a token this ZooKeeper ensemble cannot have
+    issued.
+
+    That is a greater generation than ZooKeeper records, or, in the same generation, an
+    epoch greater than every zxid the ensemble used under the election path (``zk_pzxid``,
+    read after a ``sync``: a child's czxid is at most its parent's pzxid, and zxids never go
+    backwards in a healthy ensemble). It happens only when the ensemble was wiped or
+    restored from an older snapshot; no takeover can succeed until an operator re-bases the
+    fence, and nodes report it and wait rather than churn.
+    """
     if fence.generation != zk_generation:
         return fence.generation > zk_generation
     return fence.epoch > zk_pzxid
@@ -106,7 +100,15 @@ def watermark_path(election_path: str) -> str:
 @dataclass(frozen=True)
 class Watermark:
     """ZooKeeper's copy of what the database is known to hold: the newest token that took
-    the fence and the newest high-water mark a leader cut (see the module rules)."""
+    the fence and the newest high-water mark a leader cut.
+
+    Each leader raises it right after its takeover and after its cuts (at most every
+    :data:`WATERMARK_INTERVAL_S`) and never lowers it (:meth:`merge`, a read-modify-write on
+    the znode's version). It lags the database, so in a healthy cluster the database is
+    never below it; when it is (:func:`database_behind`) nodes neither take the fence nor
+    cut. A watermark that does not parse is reported and ignored: it cannot make a node
+    refuse to lead.
+    """
 
     token: Token
     high_water_id: int
@@ -116,6 +118,7 @@ class Watermark:
         return Watermark(max(self.token, other.token), max(self.high_water_id, other.high_water_id))
 
     def to_bytes(self) -> bytes:
+        """The znode's data: a JSON object of the three numbers."""
         return json.dumps(
             {
                 "generation": self.token.generation,
@@ -126,6 +129,7 @@ class Watermark:
         ).encode()
 
     def to_json(self) -> dict[str, int]:
+        """The watermark's ``--json`` object."""
         return {
             "generation": self.token.generation,
             "epoch": self.token.epoch,
@@ -156,7 +160,12 @@ class Watermark:
 
 
 def database_behind(db_token: Token, db_high_water_id: int, copy: Watermark | None) -> str | None:
-    """Why the database is below ZooKeeper's watermark, or None when it is not."""
+    """Why the database is below ZooKeeper's watermark, or None when it is not.
+
+    Below means its fence or its mark is: the database went backwards (restored from a
+    backup, or failed over to a standby that missed commits), and nodes then neither take
+    the fence nor cut, and wait for an operator.
+    """
     if copy is None:
         return None
     reasons = []

@@ -1,52 +1,9 @@
-"""The fence re-based (``allocator fence rebase``), as a procedure of its own: the command
-parses options, asks and prints.
+"""The fence re-based (``allocator fence rebase``) as a procedure; the command parses
+options, asks and prints.
 
-After a ZooKeeper ensemble is wiped or restored from an older snapshot, its new czxids lie
-below the fence PostgreSQL holds, every takeover is refused (AL101) and the nodes report
-the fence *ahead of ZooKeeper* (:mod:`allocator.fence`). ``fence rebase`` ends that: it
-advances the fence generation in the database (``allocator.rebase_fence``: audited, epoch
-reset to 0, the open term ended as 'rebased') and writes the new generation into the
-generation znode beside the election path, where every node reads it from its own session.
-
-Rules:
-
-- Steps, in this order:
-
-  1. Connect to ZooKeeper (the config's servers, without the chroot), then read, before
-     anything changes: ZooKeeper's watermark, the fence and mark in the database, and
-     ZooKeeper's generation and newest zxid; an unreachable ensemble fails the command
-     while the fence is still untouched. That order: the watermark lags the database and
-     the zxids lead it (:func:`allocator.cluster_status.read_watermark`,
-     :mod:`allocator.cluster_status`),
-     so a leader at work between the reads can make neither verdict below wrong. Refuse a
-     database that went back (below).
-  2. Show the plan and get the confirmation (below); then recreate the chroot and the
-     election path if they are missing (``ensure_path``; a wiped ensemble has neither,
-     and the generation znode needs its parent).
-  3. Re-base in the database. The database goes first: if the ZooKeeper write then
-     fails, the fence is ahead of ZooKeeper exactly as before (nodes keep reporting it,
-     nothing is cut) and running the command again advances once more, harmlessly. The
-     reverse order would let nodes take the fence under a generation no audit record
-     explains, and a failed database step would leave ZooKeeper ahead of the fence.
-  4. Write the new generation into the generation znode (create, or a versioned set that
-     never lowers it: of two operators racing, the higher generation stays).
-
-- The database's generation is the one that counts; this command never lowers ZooKeeper's.
-  When ZooKeeper already holds a higher generation than the database, the *database* was
-  restored, not the ensemble: the command refuses (a re-base would move ZooKeeper back).
-- A database whose fence or mark is below ZooKeeper's watermark (:mod:`allocator.fence`)
-  went backwards (a restore, a failover that lost commits): its pool may hand out blocks
-  already claimed, which a re-base does not repair. The command refuses it (exit 78, the
-  way out named: ``allocator pool reset --after-restore``), before the generation check.
-  An absent watermark (a wiped ensemble: the usual case for a re-base) refuses nothing,
-  nor does one that does not parse (shown in the plan and the output, then ignored). The
-  plan shows the watermark the verdict used, and so does the outcome (``--json`` adds
-  ``watermark``, ``watermark_problem`` and ``watermark_znode``).
-- The confirmation comes with the plan (step 1's findings); after it, step 1 runs again
-  (an answer may take long). The reason is checked again by the SQL function (AL106 →
-  :class:`~allocator.core.errors.InvalidRequestError`). ZooKeeper comes from
-  ``zookeeper.hosts`` (chroot included), ``zookeeper.auth`` (znodes created here carry the
-  cluster's digest ACL) and ``zookeeper.election_path``.
+After a ZooKeeper ensemble is wiped or restored from an older snapshot every takeover is
+refused (AL101) and nodes report the fence ahead of ZooKeeper; :func:`rebase` advances the
+fence generation in the database (audited) and then in ZooKeeper (docs/design.md §3, §11).
 """
 
 from __future__ import annotations
@@ -118,6 +75,9 @@ class Outcome:
     watermark_znode: str
 
     def to_json(self) -> dict[str, Any]:
+        """The ``fence rebase --json`` object (``watermark``, ``watermark_problem`` and
+        ``watermark_znode`` included).
+        """
         record = self.record
         return {
             "old_generation": self.old.generation,
@@ -142,7 +102,13 @@ class Outcome:
 
 def read_plan(client: KazooClient, config: Config, url: str) -> Plan:
     """Step 1: ZooKeeper's watermark, the database's fence and mark, then ZooKeeper's
-    generation and zxids (that order: see the module rules). Changes nothing."""
+    generation and zxids. Changes nothing.
+
+    That order matters: the watermark lags the database and the zxids lead it, so a leader
+    at work between the reads can make neither verdict wrong. ZooKeeper is reached through
+    the config's servers without the chroot; an unreachable ensemble fails the command while
+    the fence is still untouched.
+    """
     servers, chroot = split_hosts(config.zookeeper.hosts)
     election_path = chroot + config.zookeeper.election_path
     with zookeeper_errors(config, "read the watermark"):
@@ -162,9 +128,17 @@ def read_plan(client: KazooClient, config: Config, url: str) -> Plan:
 
 
 def refuse_database_behind(plan: Plan) -> None:
-    """Refuses a database that went back: below ZooKeeper's watermark
-    (:class:`DatabaseWentBackError`, the way out named), or under ZooKeeper's generation.
-    An absent or unreadable watermark refuses nothing."""
+    """Refuse a database that went back, before anything changes.
+
+    Below ZooKeeper's watermark (a restore, a failover that lost commits) its pool may hand
+    out blocks already claimed, which a re-base does not repair:
+    :class:`DatabaseWentBackError` (exit 78, naming ``allocator pool reset
+    --after-restore``), checked before the generation. Under ZooKeeper's generation, the
+    database, not the ensemble, was restored, and a re-base would move ZooKeeper back:
+    refused too (the database's generation is the one that counts; this command never lowers
+    ZooKeeper's). An absent watermark (a wiped ensemble, the usual case) or one that does
+    not parse (shown in the plan, then ignored) refuses nothing.
+    """
     report = plan.fence
     reason = report.database_behind
     copy = report.zookeeper.watermark
@@ -203,6 +177,9 @@ def watermark_line(
 
 
 def describe_plan(plan: Plan) -> list[str]:
+    """The plan as the confirmation prompt shows it, lines for people (the watermark the
+    verdict used included).
+    """
     report = plan.fence
     zk = report.zookeeper
     ahead = {True: "AHEAD of ZooKeeper", False: "not ahead of ZooKeeper", None: "unknown"}
@@ -235,8 +212,23 @@ def describe_plan(plan: Plan) -> list[str]:
 def rebase(
     config: Config, url: str, reason: str, confirm: Callable[[Plan], bool] | None = None
 ) -> Outcome:
-    """The four steps of the module docstring. ``confirm`` is asked with the plan (False:
-    cancelled, nothing changed); None: confirmed already (``--yes``)."""
+    """Re-base the fence: the four steps, in this order.
+
+    1. :func:`read_plan`, then :func:`refuse_database_behind`.
+    2. Ask ``confirm`` with the plan (False: cancelled, nothing changed; None: confirmed
+       already, ``--yes``); after an answer, step 1 runs again (an answer may take long).
+       Then recreate the chroot and the election path if missing (a wiped ensemble has
+       neither, and the generation znode needs its parent).
+    3. Re-base in the database (``allocator.rebase_fence``: audited, epoch reset to 0, the
+       open term ended as 'rebased'; the reason checked again, AL106 →
+       :class:`~allocator.core.errors.InvalidRequestError`). The database goes first: if the
+       ZooKeeper write then fails, the fence is ahead of ZooKeeper exactly as before and
+       running again advances once more, harmlessly; the reverse order would let nodes take
+       the fence under a generation no audit record explains.
+    4. Write the new generation into the generation znode (create, or a versioned set that
+       never lowers it: of two operators racing, the higher generation stays), with the
+       cluster's digest ACL.
+    """
     client = zookeeper_client(config, chroot=False)
     start(client, config)
     try:
@@ -291,6 +283,7 @@ def _latest_record(config: Config, url: str, generation: int) -> RebaseRecord | 
 
 
 def outcome_lines(outcome: Outcome) -> list[str]:
+    """The outcome for people, one fact a line."""
     record = outcome.record
     who = (
         f" as #{record.rebase_id} by {record.rebased_by} at {record.rebased_at:%Y-%m-%d %H:%M:%S%z}"

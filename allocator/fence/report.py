@@ -26,6 +26,7 @@ class RebaseRecord:
     reason: str
 
     def to_json(self) -> dict[str, Any]:
+        """The record's ``--json`` object."""
         return {
             "rebase_id": self.rebase_id,
             "rebased_at": self.rebased_at.isoformat(),
@@ -68,6 +69,7 @@ class FenceReport:
 
     @property
     def token(self) -> fence.Token:
+        """The database's fence as a :class:`~allocator.fence.Token`."""
         return fence.Token(self.generation, self.epoch)
 
     @property
@@ -84,6 +86,7 @@ class FenceReport:
         return fence.database_behind(self.token, self.high_water_id, self.zookeeper.watermark)
 
     def to_json(self) -> dict[str, Any]:
+        """The report's ``fence --json`` object."""
         return {
             "generation": self.generation,
             "epoch": self.epoch,

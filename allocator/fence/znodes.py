@@ -1,8 +1,8 @@
-"""The fence's znodes beside the election path, read and written through kazoo: the
-generation (written by ``fence rebase`` only) and the watermark (raised by leaders).
+"""The fence's znodes beside the election path, read and written through kazoo.
 
-Every call is bounded: kazoo queues requests while disconnected, and a plain call would
-wait for the reconnect, however long.
+The generation (written by ``fence rebase`` only) and the watermark (raised by leaders).
+Every call is bounded: kazoo queues requests while disconnected, and a plain call would wait
+for the reconnect, however long.
 """
 
 from __future__ import annotations
@@ -132,7 +132,8 @@ def read_zookeeper_fence(
 
     ``election_path`` is as ``client`` addresses it; ``chroot`` only names the znode for
     people when ``client`` runs inside one. ``watermark``: :func:`read_watermark`'s answer
-    read before the database (module rules); read here when not given.
+    read before the database (the order of :func:`allocator.cluster_status.gather`); read here
+    when not given.
     """
     path = fence.generation_path(election_path)
     wait(client.sync_async(election_path), config)

@@ -1,10 +1,5 @@
-"""Why this node, first in the election, cannot take the fence, as it reports it.
-
-A node is *blocked* when no takeover can succeed; each reason is shown the same ways: the
-role ``blocked``, ``/status`` ``blocked`` (reason and detail), ``allocator_blocked{reason}``
-and the node's advert (its election znode), with one log line per new reason. Two reasons
-carry a report of their own as well (``/status`` and a metric each): the fence ahead of
-ZooKeeper and the database behind ZooKeeper's watermark.
+"""Why this node, first in the election, cannot take the fence, as it reports it (the
+*blocked* state, docs/design.md §4).
 """
 
 from __future__ import annotations
@@ -25,6 +20,15 @@ DATABASE_BEHIND = "database_behind_zookeeper"
 
 
 class Blockers:
+    """The node's blocked reason and the two reports that come with some, shown the same
+    ways.
+
+    Each reason shows as the role ``blocked``, ``/status`` ``blocked`` (reason and detail),
+    ``allocator_blocked{reason}`` and the node's advert, with one log line per new reason.
+    The fence ahead of ZooKeeper and the database behind ZooKeeper's watermark carry a
+    report of their own as well (``/status`` and a metric each).
+    """
+
     def __init__(self, name: str, metrics: NodeMetrics, signals: Signals) -> None:
         self._name = name
         self._metrics = metrics
@@ -44,6 +48,7 @@ class Blockers:
         self._metrics.blocked_by(reason)
 
     def unblock(self) -> None:
+        """Blocked no more (left the queue, or took the fence): reason and metric cleared."""
         if self.blocked is not None:
             log.info("unblocked", name=self._name, reason=self.blocked["reason"])
         self.blocked = None
@@ -63,6 +68,9 @@ class Blockers:
     # -- the fence ahead of ZooKeeper (an ensemble wiped or restored) ----------------------
 
     def fence_is_ahead(self, held: fence.Token, zk_generation: int, newest_zxid: int) -> None:
+        """Report the fence ahead of ZooKeeper: what the database holds against what
+        ZooKeeper can have issued.
+        """
         state = {
             "fence": {"generation": held.generation, "epoch": held.epoch},
             "zookeeper": {"generation": zk_generation, "newest_zxid": newest_zxid},
@@ -86,6 +94,7 @@ class Blockers:
         )
 
     def clear_fence_ahead(self) -> None:
+        """The fence is no longer ahead of ZooKeeper: drop its report."""
         if self.fence_ahead is not None:
             log.info("fence_ahead_cleared", name=self._name)
         self.fence_ahead = None
@@ -119,6 +128,7 @@ class Blockers:
         self._metrics.database_behind_zookeeper.set(1)
 
     def clear_database_behind(self) -> None:
+        """The database is no longer behind the watermark: drop its report."""
         if self.database_behind is not None:
             log.info("database_behind_cleared", name=self._name)
         self.database_behind = None

@@ -1,18 +1,6 @@
 """First in the election: take the fence, or say why not and wait (the node is *blocked*).
 
-- The token is ``(generation, czxid)``: the czxid of our own znode and the generation our
-  own session reads beside the election path (:mod:`allocator.fence`). An unparsable
-  generation blocks the node (every node reads the same znode).
-- The watermark comparison runs inside the takeover's own transaction: no fence is taken
-  without a completed comparison; a database below the watermark blocks the node.
-- A takeover refused as stale (AL101) is either a race (another node took a newer token:
-  leave, back off, join again) or the fence is *ahead of ZooKeeper* (an ensemble wiped or
-  restored): nobody could take it, so leaving would only churn: blocked, staying first.
-- No database (the probe failed, or the takeover did while the probe failed too): leave at
-  once when a contender advertises a reachable database and an agreeing clock; when nobody
-  does, stay first, blocked, until one queues or the probe reaches the database again. A
-  takeover that fails while the probe reaches the database (a lock or statement timeout
-  behind a paused ex-leader's transaction) is tried again, staying first.
+The takeover itself and the fence's rules: docs/design.md §3; the blocked state: §4.
 """
 
 from __future__ import annotations
@@ -61,6 +49,23 @@ class Taken:
 
 
 class Candidacy:
+    """First in the election: one takeover attempt at a time, and what to do when it fails.
+
+    - The token is ``(generation, czxid)``: our own znode's czxid and the generation our own
+      session reads beside the election path. An unparsable generation blocks the node
+      (every node reads the same znode).
+    - The watermark comparison runs inside the takeover's own transaction: no fence is taken
+      without it; a database below the watermark blocks the node.
+    - A takeover refused as stale (AL101) is a race (another node took a newer token: leave,
+      back off, join again) or the fence is ahead of ZooKeeper (an ensemble wiped or
+      restored): nobody could take it, so leaving would only churn: blocked, staying first.
+    - No database (the probe failed, or the takeover did while the probe failed too): leave
+      at once when a contender advertises a reachable database and an agreeing clock;
+      otherwise stay first, blocked, until one queues or the probe reaches the database. A
+      takeover that fails while the probe reaches the database (a lock or statement timeout
+      behind a paused ex-leader's transaction) is tried again, staying first.
+    """
+
     def __init__(
         self,
         name: str,

@@ -1,23 +1,5 @@
 """The whole cluster as one node sees it, for its status page: who leads and since when, the
 election queue, the pool and the last handovers (``/status``'s ``cluster`` object).
-
-Rules:
-
-- One background thread of the node reads; HTTP handlers only take the last view
-  (:meth:`ClusterView.to_json`) and never wait on ZooKeeper or PostgreSQL.
-- It reads only while someone looks: a look within the last ``DEMAND_S`` keeps it reading
-  every ``interval_s``; otherwise it waits, so a node nobody watches makes no extra calls. The
-  first look after a pause wakes it at once (that look still gets the older view).
-- One read: the election queue from the node's own ZooKeeper session (none while it is not
-  connected), then the pool, the last ``HANDOVERS`` terms and the bound on an ID's age
-  (``block_age_status``) from the database. The keys
-  (docs/schemas/cluster.schema.json) are ``allocator status --json``'s but the fence
-  (:func:`allocator.cluster_status.cluster_json`), plus ``observed_at`` (Unix seconds of the
-  last complete read, null before one), ``age_s`` (its age when shown), ``problems`` (one
-  line per source that failed at the last read) and ``now`` (this node's Unix time when
-  shown, for the page's "how long ago").
-- A source that fails keeps its last good answer on show; the view says why in ``problems``
-  and ``observed_at`` stays that of the last complete read, so the page can say how stale it is.
 """
 
 from __future__ import annotations
@@ -57,7 +39,13 @@ class ClusterStore(Protocol):
 
 
 class ClusterView:
-    """The last view of the cluster, and the thread that keeps it while someone looks."""
+    """The last view of the cluster, and the thread that keeps it while someone looks.
+
+    One background thread reads; HTTP handlers only take the last view (:meth:`to_json`) and
+    never wait on ZooKeeper or PostgreSQL. A source that fails keeps its last good answer on
+    show: the view says why in ``problems`` and ``observed_at`` stays that of the last
+    complete read, so the page can say how stale it is.
+    """
 
     def __init__(
         self,
@@ -90,17 +78,26 @@ class ClusterView:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        """Start the reading thread."""
         self._thread = threading.Thread(target=self._run, name="cluster-view", daemon=True)
         self._thread.start()
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
+        """Stop the reading thread, waiting at most ``timeout_s``."""
         self._closing.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
 
     def to_json(self) -> dict[str, Any]:
-        """The last view (a look: keeps or wakes the reading thread)."""
+        """The last view (a look: keeps or wakes the reading thread).
+
+        The keys (docs/schemas/cluster.schema.json) are ``allocator status --json``'s but
+        the fence (:func:`allocator.cluster_status.cluster_json`), plus ``observed_at``
+        (Unix seconds of the last complete read, null before one), ``age_s`` (its age when
+        shown), ``problems`` (one line per source that failed at the last read) and ``now``
+        (this node's Unix time, for the page's "how long ago").
+        """
         now = self._clock()
         with self._lock:
             idle = not self._demanded(now)
@@ -117,7 +114,12 @@ class ClusterView:
         return {**view, "observed_at": observed_at, "age_s": age, "problems": problems, "now": wall}
 
     def refresh(self) -> None:
-        """One read of every source (the thread's; tests call it directly)."""
+        """One read of every source (the thread's; tests call it directly).
+
+        The election queue from the node's own ZooKeeper session (none while not connected),
+        then the pool, the last ``HANDOVERS`` terms and the bound on an ID's age
+        (``block_age_status``) from the database.
+        """
         problems: list[str] = []
         queue: Queue | None = None
         try:
@@ -154,6 +156,12 @@ class ClusterView:
         return self._looked_at is not None and now - self._looked_at < self._demand_s
 
     def _run(self) -> None:
+        """Read every ``interval_s`` while someone looked within ``DEMAND_S``; otherwise
+        wait.
+
+        A node nobody watches makes no extra calls; the first look after a pause wakes the
+        thread at once (that look still gets the older view).
+        """
         while not self._closing.is_set():
             self._wake.clear()  # before the check: a look after it wakes the wait below
             with self._lock:

@@ -1,10 +1,5 @@
-"""Whether a leader should hand over now: a reason that applies AND a fit contender.
-
-A leader whose clock has disagreed for ``leader.clock_skew_handover_s``, or whose writes
-have all failed for ``leader.db_unreachable_s`` (:mod:`allocator.core.health`), hands over, but
-only to a contender that advertises both a reachable database and an agreeing clock;
-otherwise it keeps leading and reports the handover as withheld (no churn). A leader whose
-clock disagrees while the pool holds less than a handover's runway hands over at once.
+"""Whether a leader should hand over now: a reason that applies AND a fit contender
+(docs/design.md §11).
 """
 
 from __future__ import annotations
@@ -21,6 +16,16 @@ log = logs.get_logger(__name__)
 
 
 class Handover:
+    """The leader's hand-over decision, asked every ``Pacing.handover_check_s``.
+
+    A leader whose clock has disagreed for ``leader.clock_skew_handover_s``, or whose writes
+    have all failed for ``leader.db_unreachable_s`` (:mod:`allocator.core.health`), hands
+    over, but only to a contender that advertises a reachable database and an agreeing
+    clock; otherwise it keeps leading and reports the hand-over as withheld (no churn). A
+    leader whose clock disagrees while the pool holds less than a hand-over's runway hands
+    over at once.
+    """
+
     def __init__(
         self,
         name: str,
@@ -65,6 +70,7 @@ class Handover:
         return None
 
     def reset(self) -> None:
+        """A new term: forget what the last one withheld."""
         self.withheld = None
         self._metrics.handover_withheld.set(0)
 

@@ -1,16 +1,8 @@
 """A leader's term: from the committed takeover to its end, by the table of
 :mod:`allocator.node.term_end`.
 
-- A node writes only inside a :class:`~allocator.core.leadership.Term`: after it is first in the
-  election AND its takeover committed. Every write checks ``term.may_write()`` before it
-  starts and again right before COMMIT (the jobs, :mod:`jobs`).
-- SUSPENDED pauses the term at once (the session's listener). Reconnecting with the same
-  session resumes it only after the loop re-checks that our znode still exists, owned by
-  this session with the same czxid; that check also runs every ``Pacing.recheck_s``.
-- A write rejected as fenced (AL100) ends the term: exit 4. An error no retry can help (a
-  layout the database does not know, AL104) ends it: exit with the error's code.
-- Graceful step-down and SIGTERM: stop the jobs, record the end, delete the znode (the next
-  contender takes over at once).
+The term's rules (writes only inside a term, checked before starting and before COMMIT;
+SUSPENDED pauses it) are docs/design.md §4.
 """
 
 from __future__ import annotations
@@ -45,6 +37,18 @@ TermFactory = Callable[[fence.Token, SessionGuard], Term]
 
 
 class Leading:
+    """The leader's side of the node: begin a term, watch it, end it by the term-end table.
+
+    - SUSPENDED pauses the term at once (:meth:`pause_term`, from the session's listener).
+      Reconnecting with the same session resumes it only after the loop re-checks that our
+      znode still exists, owned by this session with the same czxid; that check also runs
+      every ``Pacing.recheck_s``.
+    - A write rejected as fenced (AL100) ends the term with exit 4; an error no retry can
+      help (a layout the database does not know, AL104) ends it with the error's own code.
+    - Graceful step-down and SIGTERM: stop the jobs, record the end, delete the znode (the
+      next contender takes over at once).
+    """
+
     def __init__(
         self,
         name: str,
@@ -96,12 +100,16 @@ class Leading:
             term.pause()
 
     def _on_fenced(self, exc: FencedError) -> None:
+        """A job's write was rejected as fenced (any thread): end the term, exit 4."""
         log.error("fenced_write_rejected", name=self._name, error=str(exc))
         self.pause_term()
         self._signals.fenced.set()
         self._signals.wake.set()
 
     def _on_fatal(self, exc: AllocatorError) -> None:
+        """A job met an error no retry can help (any thread): end the term with its exit
+        code.
+        """
         log.critical("fatal_write_error", name=self._name, error=str(exc))
         if isinstance(exc, LayoutMismatchError):
             self._metrics.layout_mismatch.set(1)
@@ -118,6 +126,9 @@ class Leading:
         return self._end(term, reason, election)
 
     def _begin(self, token: fence.Token, takeover: Takeover, election: Election) -> Term:
+        """Start a term on a committed takeover: activate it, raise the watermark, start the
+        jobs.
+        """
         term = self._term_factory(token, self._guard)
         self.term = term
         self._fatal = None

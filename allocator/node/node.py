@@ -1,10 +1,9 @@
-"""An allocator node (``allocator run``): the collaborators composed, the run loop, the exit.
+"""An allocator node (``allocator run``): the collaborators composed, the run loop, the
+exit.
 
-The node receives what it talks to (:mod:`allocator.node.seams`: the store, a ZooKeeper client
-factory, the leader's jobs, the clock); its constructor does no I/O; :meth:`Node.run` does
-it all and always cleans up. Exit codes: 0 stopped on request; 3 ZooKeeper session lost;
-4 fenced by a newer leader; 69/70/75/78 as for every command (missing prerequisite, bug,
-unavailable, bad configuration).
+Exit codes: 0 stopped on request; 3 ZooKeeper session lost; 4 fenced by a newer leader;
+69/70/75/78 as for every command (missing prerequisite, bug, unavailable, bad
+configuration).
 """
 
 from __future__ import annotations
@@ -46,6 +45,13 @@ log = logs.get_logger(__name__)
 
 
 class Node:
+    """One allocator node: what it talks to comes in (:mod:`allocator.node.seams`), the run
+    does the I/O.
+
+    It receives the store, a ZooKeeper client factory, the leader's jobs and the clock; the
+    constructor does no I/O; :meth:`run` does it all and always cleans up.
+    """
+
     def __init__(
         self,
         config: Config,
@@ -154,6 +160,9 @@ class Node:
     # -- requests from other threads (signals, admin HTTP) --------------------------------
 
     def request_stop(self, reason: str = "shutdown") -> None:
+        """Ask the run to stop (a signal handler, the admin server): it hands over and exits
+        0.
+        """
         log.info("stop_requested", reason=reason)
         self._signals.stop.set()
         self._signals.interrupt.set()
@@ -165,14 +174,17 @@ class Node:
 
     @property
     def metrics(self) -> NodeMetrics:
+        """The node's metrics, for the admin server."""
         return self._metrics
 
     @property
     def health(self) -> NodeHealth:
+        """What the node knows about its fitness to lead."""
         return self._health
 
     @property
     def role(self) -> str:
+        """follower, blocked or leader (``/status``, the metric)."""
         return self._signals.role
 
     def session_credentials(self) -> tuple[int, bytes] | None:

@@ -13,6 +13,8 @@ from allocator import fence
 
 @dataclass(frozen=True)
 class Pacing:
+    """Every pause of the node's loops, in seconds."""
+
     recheck_s: float = 0.5
     """A follower re-reads its predecessor, a leader re-checks its znode and the session."""
     handover_check_s: float = 1.0

@@ -1,26 +1,7 @@
 """Every node's own reading of the pool: the pool metrics and the node's readiness.
 
-Rules:
-- Every node, leader or not, reads ``allocator.pool_status`` itself, so the pool metrics
-  (:mod:`allocator.metrics`) do not depend on which node leads or whether one does. The node's
-  probe thread calls :meth:`PoolWatch.maybe_read` after each probe: it reads once per
-  ``pool.sample_interval_s``, and on every probe while the node is not ready yet (so
-  ``/readyz`` turns ready within a probe interval of the pool filling). A leader's jobs hand
-  it the readings they make anyway (:meth:`PoolWatch.observe`, through
-  :class:`allocator.node.seams.LeaderHooks`), so a leader does not read the pool once more.
-- Ready (``/readyz`` 200) means: connected to ZooKeeper, the last probe reached the
-  database, and the pool can take a burst: it reached ``pool.min_blocks`` (the level the
-  leader keeps whatever the rate, sized for a step from idle to the fastest claim rate while
-  the low-water check wakes the refill) and has not run empty since.
-  The hysteresis keeps readiness from flapping while consumers draw the pool below the
-  floor between two refills; an empty pool makes the node unready until the floor is back.
-- Whether an operator paused claims (``pool_status.claims_paused``, migration 0010) comes
-  with every reading: ``allocator_claims_paused``, ``/status``'s ``pool.claims_paused``, and
-  a ``claims_paused`` / ``claims_resumed`` log line when it changes. Readiness ignores it: a
-  node is as ready as before; consumers retry AL004 like an empty pool.
-- A failed reading changes nothing but is logged once per outage; the probe already judges
-  the database's reachability.
-- Thread-safe: the probe thread reads, the admin server's threads ask :attr:`pool_ready`.
+Every node, leader or not, reads ``allocator.pool_status`` itself, so the pool metrics do
+not depend on which node leads or whether one does.
 """
 
 from __future__ import annotations
@@ -40,10 +21,19 @@ log = logs.get_logger(__name__)
 
 
 class PoolReader(Protocol):
+    """What the watch reads from the database."""
+
     def pool_status(self) -> PoolStatus: ...
 
 
 class PoolWatch:
+    """The node's last pool reading, its readiness, and when to read again.
+
+    Thread-safe: the probe thread reads, the admin server's threads ask :attr:`pool_ready`.
+    A failed reading changes nothing but is logged once per outage (the probe already judges
+    the database's reachability).
+    """
+
     def __init__(
         self,
         store: PoolReader,
@@ -65,11 +55,23 @@ class PoolWatch:
 
     @property
     def pool_ready(self) -> bool:
+        """Whether the pool can take a burst (``/readyz``'s pool part).
+
+        True once the pool reached ``pool.min_blocks`` (the level the leader keeps whatever
+        the rate, sized for a step from idle to the fastest claim rate while the low-water
+        check wakes the refill) and it has not run empty since. The hysteresis keeps
+        readiness from flapping while consumers draw the pool below the floor between
+        refills. Paused claims do not change it: consumers retry AL004 like an empty pool.
+        """
         with self._lock:
             return self._pool_ready
 
     def maybe_read(self) -> None:
-        """Read the pool if a reading is due (module rules)."""
+        """Read the pool if a reading is due (the probe thread calls it after each probe).
+
+        Due once per ``pool.sample_interval_s``, and on every probe while the pool is not
+        ready, so ``/readyz`` turns ready within a probe interval of the pool filling.
+        """
         with self._lock:
             due = (
                 not self._pool_ready
@@ -93,9 +95,15 @@ class PoolWatch:
         return status
 
     def observe(self, status: PoolStatus) -> None:
-        """A reading of ``pool_status`` made here or by the leader's jobs (which read it on
-        every refill and sample anyway): metrics, readiness, and no reading of our own until
-        the next one is due."""
+        """A reading of ``pool_status`` made here or by the leader's jobs: metrics,
+        readiness, and no reading of our own until the next one is due.
+
+        The leader's jobs read it on every refill and sample anyway and hand it over
+        (:class:`allocator.node.seams.LeaderHooks`), so a leader does not read the pool once
+        more. Whether an operator paused claims (migration 0010) comes with it:
+        ``allocator_claims_paused``, ``/status``'s ``pool.claims_paused`` and a
+        ``claims_paused`` / ``claims_resumed`` log line when it changes.
+        """
         self._metrics.pool_observed(
             status.available_blocks,
             status.runway_s,

@@ -42,6 +42,10 @@ def _first(items: tuple[str, ...], shown: int = 10) -> str:
 
 
 class Prober:
+    """The node's probe thread: the database, the pool, its advert, and now and then the
+    whole election.
+    """
+
     def __init__(
         self,
         name: str,
@@ -98,6 +102,9 @@ class Prober:
             self._closing.wait(interval)
 
     def _round(self, interval: float) -> None:
+        """One round: probe, read the pool after an answer, publish the advert when it
+        changed, scan the election when due.
+        """
         if time.monotonic() - self._scanned_at >= self._pacing.election_scan_s:
             self._scanned_at = time.monotonic()
             self.scan_election()

@@ -1,9 +1,9 @@
 """The seams of a node: what :class:`~allocator.node.Node` needs from its collaborators.
 
-Rules: the node receives every collaborator from its caller (the composition root
-:mod:`allocator.commands.run` for a real node; fakes in ``tests/unit``). These protocols
-name exactly what the node calls, nothing more, so a fake stays small. The allocator core
-never imports ``jobs``: the leader's jobs come in through :class:`LeaderJobsPort`.
+The node receives every collaborator from its caller (:mod:`allocator.commands.run` for a
+real node; fakes in ``tests/unit``). These protocols name exactly what the node calls, so a
+fake stays small; the core never imports ``jobs``: they come in through
+:class:`LeaderJobsPort`.
 """
 
 from __future__ import annotations

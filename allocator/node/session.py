@@ -1,14 +1,5 @@
-"""The node's ZooKeeper session: its client, the election built on it, a new one on loss.
-
-- Session loss (kazoo LOST, or suspended for a whole session timeout by the guard's own
-  timer) is handled by the run loop: exit 3, or with ``node.on_session_loss = "rejoin"`` a
-  new session from a *new* client of the factory (an old client remembers the last zxid it
-  saw, and an ensemble rebuilt from nothing refuses it).
-- The kazoo listener runs on kazoo's connection thread: it only flips events and pauses
-  the term (SUSPENDED withdraws the right to write at once).
-- ZooKeeper access (:mod:`allocator.zookeeper.client`): the cluster's persistent znodes get our ACL
-  where they carry another (an older version's open ACL); a chroot that vanished (an
-  ensemble wiped) is created again from a client without it.
+"""The node's ZooKeeper session: its client, the election built on it, a new one on loss
+(docs/design.md §4).
 """
 
 from __future__ import annotations
@@ -37,6 +28,17 @@ log = logs.get_logger(__name__)
 
 
 class ZooKeeperSession:
+    """The node's ZooKeeper session and the election on it.
+
+    - Session loss (kazoo LOST, or suspended for a whole session timeout by the guard's own
+      timer) is handled by the run loop: exit 3, or with ``node.on_session_loss = "rejoin"``
+      a new session from a *new* client of the factory (an old client remembers the last
+      zxid it saw, and an ensemble rebuilt from nothing refuses it).
+    - ZooKeeper access (:mod:`allocator.zookeeper.client`): the cluster's persistent znodes
+      get our ACL where they carry another (an older version's open ACL); a chroot that
+      vanished (an ensemble wiped) is created again from a client without it.
+    """
+
     def __init__(
         self,
         config: Config,
@@ -201,6 +203,9 @@ class ZooKeeperSession:
 
     # kazoo listener: runs on the connection thread; only flips flags.
     def _on_state(self, state: KazooState) -> None:
+        """The kazoo listener, on kazoo's connection thread: it only flips events and pauses
+        the term (SUSPENDED withdraws the right to write at once).
+        """
         self._guard(state)
         if state != KazooState.CONNECTED:
             self._pause_term()

@@ -1,6 +1,5 @@
-"""The node's session file: every new session kept, the file gone at a clean exit, and a
-dead predecessor's session reaped at start (:mod:`allocator.session.file`,
-:mod:`allocator.session.reaper`).
+"""The node's session file: every new session kept, the file gone at a clean exit, a dead
+predecessor's session reaped at start.
 
 Only with ``node.state_dir`` set; the folder is checked before anything else starts (a bad
 one is a configuration error, exit 78).
@@ -19,6 +18,8 @@ log = logs.get_logger(__name__)
 
 
 class SessionRecorder:
+    """The node's side of :mod:`allocator.session.file` and :mod:`allocator.session.reaper`."""
+
     def __init__(self, config: Config, name: str, host: str, pid: int) -> None:
         self._config = config
         self._name = name

@@ -1,9 +1,4 @@
-"""The events the node's threads share, and the role the node shows.
-
-Every collaborator gets this one object from :class:`~allocator.node.Node` at construction;
-events only flip, so any thread (a signal handler, the admin server, kazoo's listener)
-may set one without blocking.
-"""
+"""The events the node's threads share, and the role the node shows."""
 
 from __future__ import annotations
 
@@ -12,6 +7,12 @@ import time
 
 
 class Signals:
+    """The events the node's threads share, and the role the node shows.
+
+    Every collaborator gets this one object at construction; events only flip, so any thread
+    (a signal handler, the admin server, kazoo's listener) may set one without blocking.
+    """
+
     def __init__(self) -> None:
         self.stop = threading.Event()
         """Asked to stop (SIGTERM, ``request_stop``)."""

@@ -11,6 +11,10 @@ from enum import StrEnum
 
 
 class TermEnd(StrEnum):
+    """Why a term ends: the strings the database records (``leader_terms.end_reason``), logs
+    and ``/status`` show.
+    """
+
     SHUTDOWN = "shutdown"
     STEPPED_DOWN = "stepped_down"
     CLOCK_SKEW = "clock_skew"
@@ -23,6 +27,8 @@ class TermEnd(StrEnum):
 
 @dataclass(frozen=True)
 class EndRule:
+    """What one reason asks of the node, in the order :meth:`Leading._end` does it."""
+
     leave_first: bool
     """Delete our znode before anything else: every database call (the jobs in flight, the
     end of the term) would first wait out a dead path's timeouts."""

@@ -1,10 +1,4 @@
-"""ZooKeeper's copy of what the database holds (:mod:`allocator.fence`), as a node keeps it.
-
-The node reads it before each takeover (the takeover compares the database with it in its
-own transaction), raises it right after a takeover, follows the committed cuts at most once
-per :data:`~allocator.fence.WATERMARK_INTERVAL_S`, and flushes what the rate limit held back
-at every term end. A leader's jobs ask it whether the database went backwards.
-"""
+"""ZooKeeper's copy of what the database holds (:mod:`allocator.fence`), as a node keeps it."""
 
 from __future__ import annotations
 
@@ -23,6 +17,14 @@ log = logs.get_logger(__name__)
 
 
 class WatermarkKeeper:
+    """The node's reads and raises of the watermark.
+
+    Read before each takeover (the takeover compares the database with it in its own
+    transaction), raised right after a takeover, following the committed cuts at most once
+    per :data:`~allocator.fence.WATERMARK_INTERVAL_S`, and flushed at every term end. A
+    leader's jobs ask it whether the database went backwards.
+    """
+
     def __init__(self, name: str, blockers: Blockers) -> None:
         self._name = name
         self._blockers = blockers

@@ -1,22 +1,4 @@
-"""Pausing claims: what ``allocator pool pause`` and ``pool resume`` do (migration 0010).
-
-Rules:
-
-- A pause is committed first (``allocator.pause_claims``, audited), then waited for: the
-  sessions that hold a claim in their open transaction right after that commit
-  (``allocator.claims_in_flight()``, identified by their virtual transaction) are polled
-  until none of them is left. A claim whose transaction took ``claim_blocks``' lock after
-  that listing sees the pause (the migration's docstring argues why), so once the listed
-  ones are gone no claim begun before the pause is still open, and none after it succeeds.
-- The wait never holds a lock: claims arriving meanwhile get AL004 at once instead of
-  queueing behind the pause. It polls every :data:`POLL_S` (one ``pg_locks`` read each).
-- Past ``timeout_s`` the pause stays in force (it is committed) and
-  :class:`ClaimsStillOpenError` names each session still holding a claim: a claim left
-  idle in its transaction ends within ``claim_blocks``' 60 s idle bound, one whose
-  transaction keeps running statements only when it commits, rolls back or is terminated.
-  Running ``pause`` again waits again (pausing paused claims changes nothing else).
-- Resuming is one audited call; resuming claims that are not paused changes nothing.
-"""
+"""Pausing claims: what ``allocator pool pause`` and ``pool resume`` do (migration 0010)."""
 
 from __future__ import annotations
 
@@ -65,7 +47,21 @@ def pause(
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
 ) -> Paused:
-    """Pause claims and wait for the claims in flight (module rules)."""
+    """Pause claims and wait for the claims in flight.
+
+    The pause is committed first (``allocator.pause_claims``, audited), then waited for: the
+    sessions that held a claim in their open transaction right after that commit
+    (``allocator.claims_in_flight()``, by virtual transaction) are polled every
+    :data:`POLL_S` (one ``pg_locks`` read) until none is left. A claim whose transaction
+    took ``claim_blocks``' lock after that listing sees the pause (migration 0010 argues
+    why), so once the listed ones are gone no claim begun before the pause is open, and none
+    after it succeeds. The wait holds no lock: claims arriving meanwhile get AL004 at once.
+
+    Past ``timeout_s`` the pause stays in force and :class:`ClaimsStillOpenError` names each
+    session still holding a claim: one idle in its transaction ends within ``claim_blocks``'
+    60 s idle bound, one still running statements only when it commits, rolls back or is
+    terminated. Running it again waits again (pausing paused claims changes nothing else).
+    """
     with db.operator_session(url, connect_timeout_s=connect_timeout_s) as session:
         paused = session.pause_claims(reason)
         started = clock()
@@ -85,6 +81,7 @@ def pause(
 
 
 def still_open_message(paused: db.Pause, still_open: list[db.ClaimInFlight], waited: float) -> str:
+    """The error line naming each session that still holds a claim begun before the pause."""
     sessions = "; ".join(claim.describe() for claim in still_open)
     return (
         f"claims are paused (pause {paused.pause_id}), but {len(still_open)} claim(s) begun "
@@ -98,6 +95,6 @@ def still_open_message(paused: db.Pause, still_open: list[db.ClaimInFlight], wai
 def resume(
     url: str, reason: str, *, connect_timeout_s: float = db.STATUS_CONNECT_TIMEOUT_S
 ) -> db.Resume:
-    """Resume claims (module rules)."""
+    """Resume claims: one audited call; resuming claims that are not paused changes nothing."""
     with db.operator_session(url, connect_timeout_s=connect_timeout_s) as session:
         return session.resume_claims(reason)

@@ -1,33 +1,10 @@
-"""The pool reset after a restore (``allocator pool reset --after-restore``), as a procedure of
-its own: the command parses options, asks and prints. (Pausing claims is
-:mod:`allocator.pool.pause`.)
+"""The pool reset after a restore (``allocator pool reset --after-restore``) as a procedure;
+the command parses options, asks and prints.
 
-``pool reset --after-restore``: the operator's way out of a database that went backwards
-(restored from a backup, or failed over to a standby that missed commits). Steps, in this
-order (the procedure around it, docs/postgres-ha.md: pause the old database, reset, swap,
-resume):
-
-1. The old database (``--old-database-url``): its claims must be paused and no claim begun
-   before that pause may still be open (else exit 1, nothing changed); then its mark, read
-   after the pause, is a candidate (:mod:`allocator.pool.restore_mark` argues each). Unreachable:
-   exit 75, nothing changed; an operator who knows it is gone says
-   ``--old-database-unreachable`` instead, and the mark then rests on the watermark and the
-   restored server's clock (the bound that holds is in :mod:`allocator.pool.restore_mark`). One
-   of the two is required: which bound protects the IDs is the operator's explicit choice,
-   never a default. The same database as the one reset is refused (exit 64).
-2. ZooKeeper's watermark (the config's servers, without the chroot), read after the pause.
-3. The restored database's fence, mark, layout and clock: the plan, each candidate and the
-   winner, printed (stderr) before the confirmation (``--yes``, or an answer on a terminal;
-   neither ``--yes`` nor ``--reason`` comes from the environment) and in ``--json``.
-4. ``allocator.reset_after_restore`` (migration 0006, 0010; operator role, audited in
-   ``allocator.pool_resets``): void every unclaimed block, move the mark past the floor
-   (the larger of the watermark and the old database's mark) and past the restored
-   server's clock + ``pool.max_clock_ahead_ms`` + the watermark's lag, advance the fence
-   generation, and leave claims paused (the procedure's last step resumes them).
-5. Write the new generation into ZooKeeper's generation znode (as ``fence rebase`` does:
-   never lowering it), so nodes take the fence under it. If this step fails, the database
-   is reset (recorded) and ZooKeeper's generation lags: nodes see the fence ahead of
-   ZooKeeper and wait; ``allocator fence rebase`` (or this command again) completes it.
+The operator's way out of a database that went backwards (restored from a backup, or failed
+over to a standby that missed commits); the procedure around it is docs/postgres-ha.md
+(pause the old database, reset, swap, resume). Pausing claims is
+:mod:`allocator.pool.pause`.
 """
 
 from __future__ import annotations
@@ -61,6 +38,10 @@ class OldDatabase:
 
 @dataclass(frozen=True)
 class Outcome:
+    """What the reset did: the plan, the new mark and generation, and whether ZooKeeper was
+    updated.
+    """
+
     reset: db.Reset
     plan: restore_mark.MarkPlan
     watermark: fence.Watermark | None
@@ -70,6 +51,7 @@ class Outcome:
     zookeeper_written: bool
 
     def to_json(self) -> dict[str, Any]:
+        """The ``pool reset --json`` object."""
         r = self.reset
         old = self.old_database
         return {
@@ -106,7 +88,11 @@ def _database_of(url: str) -> tuple[str, str, str]:
 
 
 def check_old_database(url: str, old_url: str | None, old_unreachable: bool) -> None:
-    """Step 1's usage rules: exactly one of the two options, and not the database reset."""
+    """Step 1's usage rules: exactly one of ``--old-database-url`` and
+    ``--old-database-unreachable``, and not the database reset (exit 64).
+
+    Which bound protects the IDs is the operator's explicit choice, never a default.
+    """
     if old_url and old_unreachable:
         raise UsageError("give --old-database-url or --old-database-unreachable, not both")
     if not old_url and not old_unreachable:
@@ -124,8 +110,13 @@ def check_old_database(url: str, old_url: str | None, old_unreachable: bool) -> 
 
 
 def read_old_database(old_url: str, config: Config) -> OldDatabase:
-    """Step 1: the old database is paused, no claim begun before the pause is open, and
-    its mark (read last, after both checks)."""
+    """Step 1: the old database's claims are paused and no claim begun before the pause is
+    open (else exit 1, nothing changed); its mark, read after the pause, is a candidate.
+
+    Unreachable: exit 75, nothing changed; an operator who knows it is gone says
+    ``--old-database-unreachable`` instead, and the mark then rests on the watermark and the
+    restored server's clock (:mod:`allocator.pool.restore_mark`).
+    """
     try:
         with db.operator_session(
             old_url, connect_timeout_s=config.postgres.connect_timeout_s
@@ -166,8 +157,24 @@ def reset(
     old_url: str | None,
     confirm: Callable[[list[str]], bool] | None = None,
 ) -> Outcome:
-    """The steps of the module docstring. ``confirm`` is asked with the plan's lines
-    (False: cancelled, nothing changed); None: confirmed already (``--yes``)."""
+    """Reset the restored database: the steps, in this order.
+
+    1. The old database (:func:`read_old_database`).
+    2. ZooKeeper's watermark (the config's servers, without the chroot), read after the pause.
+    3. The restored database's fence, mark, layout and clock: the plan, each candidate and the
+       winner, printed (stderr) before ``confirm`` is asked with the plan's lines (False:
+       cancelled, nothing changed; None: confirmed already, ``--yes``; neither ``--yes`` nor
+       ``--reason`` comes from the environment) and in ``--json``.
+    4. ``allocator.reset_after_restore`` (migrations 0006, 0010; operator role, audited in
+       ``allocator.pool_resets``): void every unclaimed block, move the mark past the floor and
+       past the restored server's clock + ``pool.max_clock_ahead_ms`` + the watermark's lag,
+       advance the fence generation, and leave claims paused (the procedure's last step
+       resumes them).
+    5. Write the new generation into ZooKeeper's generation znode (never lowering it, as
+       ``fence rebase`` does), so nodes take the fence under it. If this fails the database is
+       reset (recorded) and ZooKeeper's generation lags: nodes see the fence ahead of ZooKeeper
+       and wait; ``allocator fence rebase`` (or this command again) completes it.
+    """
     old = read_old_database(old_url, config) if old_url else None
     client = zookeeper_client(config, chroot=False)
     start(client, config)
@@ -224,6 +231,7 @@ def plan_lines(
     problem: str | None,
     plan: restore_mark.MarkPlan,
 ) -> list[str]:
+    """The plan for people: the restored database, the watermark and each mark candidate."""
     shown = f"{watermark.token}, mark {watermark.high_water_id}" if watermark else problem or "-"
     return [
         f"database   mark {pool.high_water_id}, fence {fence.Token(pool.generation, pool.epoch)}",
@@ -236,6 +244,7 @@ def plan_lines(
 
 
 def outcome_lines(outcome: Outcome) -> list[str]:
+    """The outcome for people, one fact a line."""
     r = outcome.reset
     return [
         f"pool reset: {r.voided_blocks} unclaimed blocks voided (claimed by "

@@ -1,32 +1,6 @@
 """The mark a reset after a restore moves to: each candidate, and which one wins (issue 19).
 
-Rules:
-
-- The restored database may hand out nothing that was handed out before. Claims paused on
-  the old database and the claims in flight ended (``allocator pool pause``), every ID the
-  old database handed out was cut before the pause, so it lies at or below the old
-  database's mark read after the pause; what the old database cuts later is never handed
-  out. The reset's mark is the largest of:
-
-  * ``restored_database``: the restored database's own mark (a mark never moves back);
-  * ``watermark``: ZooKeeper's watermark read after the pause. It lags the cuts by up to
-    :data:`WATERMARK_LAG_MS` (a leader raises it at most once a second) and, before issue
-    19, missed a fenced leader's last cuts;
-  * ``old_database``: the old database's mark read after the pause, when it can be read.
-    With it the bound holds whatever the two servers' clocks say;
-  * ``restored_clock``: the restored server's clock at the reset plus
-    ``pool.max_clock_ahead_ms`` (no cut lies further ahead of its database's clock, AL105)
-    plus :data:`WATERMARK_LAG_MS`. Without the old database's mark this is what covers
-    the cuts the watermark missed: safe as long as the restored server's clock is not
-    behind the old server's clock (at the old database's last cut) by more than that
-    extra lag, and the old database's mark carried no lead beyond
-    ``pool.max_clock_ahead_ms`` (``pool_status.mark_lead_ms``; a reset leaves one).
-
-- ``reset_after_restore`` takes the first three as its floor (``p_min_high_water_id``: the
-  larger of the watermark and the old database's mark; it keeps its own) and computes the
-  clock candidate itself, at its own moment, from the lead passed
-  (``p_max_ahead_ms`` = ``pool.max_clock_ahead_ms`` + :data:`WATERMARK_LAG_MS`). The plan's
-  clock candidate is read before the reset, so the reset's is a little larger.
+The restored database may hand out nothing that was handed out before (:class:`MarkPlan`).
 """
 
 from __future__ import annotations
@@ -44,6 +18,30 @@ CANDIDATES = ("restored_database", "watermark", "old_database", "restored_clock"
 
 @dataclass(frozen=True)
 class MarkPlan:
+    """The candidates for the reset's mark; the mark is the largest of them.
+
+    With claims paused on the old database and the claims in flight ended, every ID it
+    handed out was cut before the pause, so lies at or below its mark read after the pause;
+    what it cuts later is never handed out. The candidates:
+
+    - ``restored_database``: the restored database's own mark (a mark never moves back);
+    - ``watermark``: ZooKeeper's watermark read after the pause. It lags the cuts by up to
+      :data:`WATERMARK_LAG_MS` and, before issue 19, missed a fenced leader's last cuts;
+    - ``old_database``: the old database's mark read after the pause, when it can be read;
+      with it the bound holds whatever the two servers' clocks say;
+    - ``restored_clock``: the restored server's clock plus ``pool.max_clock_ahead_ms`` (no
+      cut lies further ahead of its database's clock, AL105) plus :data:`WATERMARK_LAG_MS`.
+      Without the old database's mark this covers the cuts the watermark missed: safe while
+      the restored server's clock is not behind the old one's (at its last cut) by more than
+      that extra lag, and the old mark carried no lead beyond ``pool.max_clock_ahead_ms``
+      (``pool_status.mark_lead_ms``; a reset leaves one).
+
+    ``reset_after_restore`` takes the watermark and the old mark as its floor
+    (:attr:`floor`; it keeps its own mark) and computes the clock candidate itself, at its
+    own moment, from :attr:`lead_ms`; the plan's clock candidate is read before the reset,
+    so the reset's is a little larger.
+    """
+
     restored_database: int
     watermark: int | None
     """None: no watermark (absent or unreadable)."""
@@ -65,6 +63,7 @@ class MarkPlan:
         return max([-1, *known])
 
     def values(self) -> dict[str, int | None]:
+        """Each candidate by name, None where it is not known."""
         return {
             "restored_database": self.restored_database,
             "watermark": self.watermark,
@@ -82,6 +81,7 @@ class MarkPlan:
         return next(name for name in CANDIDATES if known.get(name) == best)
 
     def to_json(self, new_mark: int | None = None) -> dict[str, Any]:
+        """The candidates and the winner, for ``--json``."""
         return {
             "candidates": self.values(),
             "winner": self.winner(new_mark),

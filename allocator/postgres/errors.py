@@ -1,26 +1,11 @@
-"""PostgreSQL driver errors translated into the project's own (:mod:`allocator.core.errors`).
+"""PostgreSQL driver errors translated into the project's own
+(:mod:`allocator.core.errors`).
 
-Rules:
-
-- One function, :func:`translate`, shared by the node's database layer
-  (:mod:`allocator.postgres.store`),
-  the operator commands and the ID client (:mod:`allocator.client`); callers chain the
-  driver's exception (``raise translate(exc, what) from exc``).
-- SQLSTATE AL100 → :class:`FencedError`, AL101 → :class:`StaleTakeoverError`, AL102 →
-  :class:`BehindHighWaterError`, AL103 → :class:`InvalidBatchError` (a bug), AL104 →
-  :class:`LayoutMismatchError`, AL105 → :class:`ClockAheadError`, AL106 →
-  :class:`InvalidRequestError`; a login the server refuses (SQLSTATE 28P01 / 28000, or
-  libpq's message for it on a failed connection: a wrong or missing password, a role that
-  does not exist or may not log in, no ``pg_hba.conf`` entry) → :class:`DatabaseLoginError`
-  (a configuration error, exit 78, naming the role); other connection failures, lock and
-  statement timeouts, server shutdowns, deadlocks and serialization failures →
-  :class:`DatabaseUnavailableError` (retryable; after a write the outcome is unknown); a
-  missing or older schema → :class:`DatabaseError` naming ``allocator migrate``; anything
-  else → :class:`DatabaseError`.
-- Imports only psycopg, psycopg_pool and :mod:`allocator.core.errors`: the client-only install
-  (``pip install snowflake-block-allocator``, without the ``node`` extra) imports this
-  module, so it must never pull in the node's dependencies (configuration, ZooKeeper,
-  Alembic, ...).
+Shared by the node's store, the operator commands and the ID client
+(:mod:`allocator.client`), so it imports only psycopg, psycopg_pool and
+:mod:`allocator.core.errors`: the client-only install (without the ``node`` extra) imports
+this module and must never pull in the node's dependencies (configuration, ZooKeeper,
+Alembic).
 """
 
 from __future__ import annotations
@@ -81,7 +66,22 @@ _ROLE_IN_MESSAGE = re.compile(r'(?:user|role) "([^"]*)"')
 
 
 def translate(exc: psycopg.Error, what: str) -> AllocatorError:
-    """The project's error for a driver error raised while doing ``what`` (callers chain it)."""
+    """The project's error for a driver error raised while doing ``what``; callers chain it
+    (``raise translate(exc, what) from exc``).
+
+    - SQLSTATE AL100 → :class:`FencedError`, AL101 → :class:`StaleTakeoverError`, AL102 →
+      :class:`BehindHighWaterError`, AL103 → :class:`InvalidBatchError` (a bug), AL104 →
+      :class:`LayoutMismatchError`, AL105 → :class:`ClockAheadError`, AL106 →
+      :class:`InvalidRequestError` (the project's SQLSTATEs: docs/design.md §6).
+    - A login the server refuses (28P01 / 28000, or libpq's message for it on a failed
+      connection: a wrong or missing password, a role that does not exist or may not log in,
+      no ``pg_hba.conf`` entry) → :class:`DatabaseLoginError` (exit 78, naming the role).
+    - Other connection failures, lock and statement timeouts, server shutdowns, deadlocks
+      and serialization failures → :class:`DatabaseUnavailableError` (retryable; after a
+      write the outcome is unknown, the commit may have happened).
+    - A missing or older schema → :class:`DatabaseError` naming ``allocator migrate``;
+      anything else → :class:`DatabaseError`.
+    """
     state = exc.sqlstate or ""
     if state in _BY_SQLSTATE:
         primary = exc.diag.message_primary or str(exc).strip().partition("\n")[0]

@@ -1,19 +1,9 @@
-"""What the invariant checker judges, read from a cluster's database (:mod:`allocator.core.verify`).
+"""What the invariant checker judges, read from a cluster's database
+(:mod:`allocator.core.verify`).
 
-Rules:
-
-- Reads only views the operator role may read (docs/sql.md): ``block_ledger``,
-  ``leader_history``, ``fenced_writes``, ``layout`` and ``serving_history`` (migration
-  0011; a database without it has no bound to judge, and reads as no stretch); so the
-  superuser URL of an embedded cluster and an ``allocator_operator`` login both work.
-  Nothing is written.
-- Each read is one statement, named here, on the caller's connection (:func:`read`) or on a
-  short autocommit connection of its own (:func:`read_url`); an unreachable or unreadable
-  database is a :class:`~allocator.core.errors.DatabaseError` naming what could not be read.
-- The layout comes from the database's record (every cut is checked against it); before
-  the first takeover there is none, and the caller's layout stands in.
-- Retention must not prune during a judged run, or the checker reports pruned claims as
-  lost (see :mod:`allocator.core.verify`).
+Reads only views the operator role may read (docs/sql.md), so an embedded cluster's
+superuser URL and an ``allocator_operator`` login both work; nothing is written. Retention
+must not prune during a judged run, or pruned claims are reported as lost.
 """
 
 from __future__ import annotations
@@ -79,19 +69,26 @@ class Evidence:
 
 
 def read_ledger(conn: psycopg.Connection[Any]) -> list[LedgerRow]:
+    """Every row of ``allocator.block_ledger``, in block order."""
     return [LedgerRow(*row) for row in conn.execute(READ_LEDGER).fetchall()]
 
 
 def read_history(conn: psycopg.Connection[Any]) -> list[TermRow]:
+    """Every row of ``allocator.leader_history``."""
     return [TermRow(*row) for row in conn.execute(READ_HISTORY).fetchall()]
 
 
 def read_writes(conn: psycopg.Connection[Any]) -> list[WriteRow]:
+    """Every row of ``allocator.fenced_writes`` (the requeues and prunes that changed
+    something).
+    """
     return [WriteRow(*row) for row in conn.execute(READ_WRITES).fetchall()]
 
 
 def read_serving(conn: psycopg.Connection[Any]) -> list[ServingRow]:
-    """The serving stretches; [] on a database without them (before migration 0011)."""
+    """The serving stretches; [] on a database without them (before migration 0011: no bound
+    to judge).
+    """
     row = conn.execute(HAS_SERVING).fetchone()
     if row is None or not row[0]:
         return []
@@ -99,7 +96,9 @@ def read_serving(conn: psycopg.Connection[Any]) -> list[ServingRow]:
 
 
 def read_layout(conn: psycopg.Connection[Any]) -> tuple[Layout | None, int | None]:
-    """The recorded layout and datacenter id; (None, None) before the first takeover."""
+    """The recorded layout and datacenter id; (None, None) before the first takeover, when
+    the caller's layout stands in.
+    """
     row = conn.execute(READ_LAYOUT).fetchone()
     if row is None:
         return None, None

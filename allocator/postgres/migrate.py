@@ -1,14 +1,7 @@
 """Schema migrations: Alembic driven from code, PL/pgSQL kept in ``migrations/sql``.
 
-Rules: ``upgrade_to_head`` / ``downgrade_to_base`` are the only entry points the rest of the
-project uses (``allocator migrate``, the local cluster manager, test fixtures). Versions run
-their SQL through :func:`run_sql_file`, which hands a whole file to the driver without bind
-parameter parsing (PL/pgSQL uses ``:=`` and ``%``). Database URLs are plain libpq-style
-``postgresql://`` URLs everywhere in the project, multi-host ones included: libpq opens the
-connection (:func:`engine`), SQLAlchemy never parses the URL (it takes one host only).
-A database that cannot be reached, or refuses the login, is the error every command gives
-for it (:func:`allocator.postgres.errors.translate`: exit 75, or 78 naming the role); any
-other failure is a :class:`MigrationError` with the database's reason as its cause.
+:func:`upgrade_to_head` / :func:`downgrade_to_base` are the only entry points the rest of
+the project uses (``allocator migrate``, the local cluster manager, test fixtures).
 """
 
 from __future__ import annotations
@@ -52,7 +45,12 @@ def libpq_url(url: str) -> str:
 
 
 def engine(url: str) -> Engine:
-    """A SQLAlchemy engine whose connections libpq opens from ``url`` (no pooling)."""
+    """A SQLAlchemy engine whose connections libpq opens from ``url`` (no pooling).
+
+    Database URLs are plain libpq ``postgresql://`` URLs everywhere in the project,
+    multi-host ones included: libpq opens the connection and SQLAlchemy never parses the URL
+    (it takes one host only).
+    """
     conninfo = libpq_url(url)
     return create_engine(
         "postgresql+psycopg://",
@@ -102,7 +100,12 @@ def head_revision() -> str:
 
 
 def run_sql_file(relative_path: str) -> None:
-    """Execute ``migrations/sql/<relative_path>`` inside the running migration's transaction."""
+    """Execute ``migrations/sql/<relative_path>`` inside the running migration's
+    transaction.
+
+    The whole file goes to the driver without bind-parameter parsing (PL/pgSQL uses ``:=``
+    and ``%``).
+    """
     from alembic import op
 
     sql = (SQL_DIR / relative_path).read_text(encoding="utf-8")
@@ -122,8 +125,11 @@ def _run(action: Callable[[], None], what: str) -> None:
 
 
 def _failure(cause: BaseException, what: str) -> AllocatorError:
-    """What a failed step raises: the database's unavailability or refused login as every
-    command reports it, else a :class:`MigrationError`."""
+    """What a failed step raises: an unreachable database or a refused login as every
+    command gives it (:func:`allocator.postgres.errors.translate`: exit 75, or 78 naming
+    the role); anything else a :class:`MigrationError` with the database's reason as its
+    cause.
+    """
     if isinstance(cause, psycopg.Error):
         translated = translate(cause, what)
         if isinstance(translated, DatabaseUnavailableError):

@@ -1,9 +1,9 @@
-"""Operators' and status commands' calls to PostgreSQL: each on a short-lived connection of
-its own (any URL; it needs only the operator or node role), errors translated.
+"""Operators' and status commands' calls to PostgreSQL, each on a short-lived connection of
+its own, errors translated.
 
-:func:`read_status` reads one consistent snapshot (REPEATABLE READ); the audited operator
-functions (:func:`rebase_fence`, :func:`reset_after_restore`, pausing claims through
-:class:`OperatorSession`) run as whoever the URL logs in as.
+Any URL works that logs in with the operator or node role; the audited operator functions
+run as whoever it logs in as. :func:`read_status` reads one consistent snapshot (REPEATABLE
+READ).
 """
 
 from __future__ import annotations
@@ -210,6 +210,9 @@ class ClaimInFlight:
     state_change: datetime | None
 
     def describe(self) -> str:
+        """The session in one line for an error message: pid, user, application, client,
+        state, since when.
+        """
         since = self.xact_start.isoformat(timespec="seconds") if self.xact_start else "?"
         return (
             f"pid {self.pid} ({self.usename or '?'}, application "
@@ -253,19 +256,26 @@ class OperatorSession:
         return rows[0]
 
     def pause_claims(self, reason: str) -> Pause:
+        """Pause claims (audited, ``allocator.pause_claims``); committed at once."""
         return self._one("pause claims", sql.PAUSE_CLAIMS, {"reason": reason}, Pause)
 
     def resume_claims(self, reason: str) -> Resume:
+        """Resume claims (audited); resuming claims that are not paused changes nothing."""
         return self._one("resume claims", sql.RESUME_CLAIMS, {"reason": reason}, Resume)
 
     def claims_in_flight(self) -> list[ClaimInFlight]:
+        """The sessions holding a claim in an open transaction now
+        (``allocator.claims_in_flight()``).
+        """
         return self._fetch("list the claims in flight", sql.CLAIMS_IN_FLIGHT, {}, ClaimInFlight)
 
     def open_pause(self) -> OpenPause | None:
+        """The pause in force, or None when claims are not paused."""
         rows = self._fetch("read the open pause", sql.OPEN_PAUSE, {}, OpenPause)
         return rows[0] if rows else None
 
     def pool_status(self) -> PoolStatus:
+        """The one row of ``allocator.pool_status``."""
         return self._one("read the pool status", sql.POOL_STATUS, {}, PoolStatus)
 
     def block_age_status(self) -> BlockAgeStatus:

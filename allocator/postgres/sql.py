@@ -1,25 +1,10 @@
-"""Every SQL statement the node and the operator commands send, by name.
+"""Every SQL statement the node and the operator commands send, by name; holders of SQL text
+are this module and ``migrations/sql`` only.
 
-Rules:
-
-- SQL lives here and in ``migrations/sql`` only; :mod:`allocator.postgres.store` (and whoever
-  else talks
-  to PostgreSQL) addresses statements by these names and holds no SQL text.
-- Writes go through the schema's functions (``take_fence``, ``cut_blocks``,
-  ``requeue_stranded``, ``prune_claimed``, ``leader_heartbeat``, ``void_aged_blocks``,
-  ``end_term``, ``record_pool_sample``, and the
-  operator's ``rebase_fence``), never
-  through table DML: the node role has no INSERT/UPDATE/DELETE on any table, and the block
-  writes among those functions are fenced on the caller's exact epoch inside the statement.
-- Reads use the views (``pool_status``, ``leader_history``, ``fence_history``,
-  ``block_age_status``, …) or a read-only function (``claimed_block_ages``): the node role
-  reads no table; every role's rights are the table in docs/sql.md
-  (migration 0007).
-- Parameters are named (``%(name)s``, psycopg style); the column names of each statement
-  match the fields of the dataclass :mod:`allocator.postgres.store` builds from it, so rows map
-  by name.
-- Every statement is a single statement: with an autocommit connection it is its own
-  transaction, so a fenced write's lock, check, insert and mark advance commit together.
+Writes go through the schema's functions, never table DML (the node role has none), and
+every statement is a single statement, so a fenced write's lock, check, insert and mark
+advance commit together. Parameters are named (``%(name)s``); column names match the fields
+of the record each maps to. The surface and the roles: docs/design.md §6, docs/sql.md.
 """
 
 from __future__ import annotations

@@ -1,48 +1,9 @@
 """The node's PostgreSQL access: named operations over a connection pool, errors translated.
 
-Rules:
-
-- SQL text comes from :mod:`allocator.postgres.sql`; this module composes none. Each operation
-  returns a small frozen dataclass (or a plain value), never a driver row.
-- No hidden I/O: :class:`NodeDatabase` only records its settings when built. :meth:`open`
-  creates and fills the pool (and may be called again after :meth:`close`); the context
-  manager does both. Operations may run from several threads at once (the pool is shared);
-  ``open``/``close`` are not meant to race with them.
-- Every operation is one statement in its own short transaction: a fenced function locks
-  the fence row on the caller's exact epoch, checks, writes and advances the mark (DESIGN
-  §3). Fenced writes take ``commit_if``, asked right before COMMIT: a node whose leadership
-  came into doubt while the statement ran (ZooKeeper SUSPENDED) rolls the write back
-  (:class:`WriteAbandonedError`) instead of committing it (I6). Nothing stays open between
-  operations, so a paused node holds a lock at most for ``idle_in_transaction_session_timeout``.
-  The one exception is
-  :meth:`NodeDatabase.take_fence`, which raises its own ``lock_timeout`` for the length of
-  its transaction (below).
-- Every pool connection is configured (``configure`` callback) with ``statement_timeout``
-  and ``idle_in_transaction_session_timeout`` from :class:`PostgresConfig`,
-  ``application_name = 'allocator-node:<name>'`` (PostgreSQL keeps 63 bytes) and a short
-  ``lock_timeout``: a fenced write that queues behind a takeover fails quickly and
-  retryably (and its retry is then rejected as fenced) instead of waiting. A takeover, in
-  turn, must wait for a write already in flight, so ``take_fence`` waits up to
-  ``takeover_lock_timeout_ms`` (default: the statement timeout).
-- Every connection sets TCP keepalives and ``tcp_user_timeout`` (:func:`connection_kwargs`):
-  on a path that silently drops packets no call hangs past those bounds.
-- Fenced writes carry the whole token ``(generation, epoch)`` (:mod:`allocator.fence`),
-  block writes and takeovers also the node's layout (checked against the recorded one) and
-  ``max_clock_ahead_ms`` (the database refuses blocks past its own clock plus that, or plus
-  the lead the mark already had: see migration 0003).
-- Errors are translated here (:func:`allocator.postgres.errors.translate`, which the ID client
-  shares), keeping ``__cause__``: SQLSTATE AL100 → :class:`FencedError`,
-  AL101 → :class:`StaleTakeoverError`, AL102 → :class:`BehindHighWaterError`, AL103 →
-  :class:`InvalidBatchError` (a bug), AL104 → :class:`LayoutMismatchError`, AL105 →
-  :class:`ClockAheadError`, AL106 → :class:`InvalidRequestError`; connection failures, pool
-  timeouts, lock and statement timeouts, server shutdowns, deadlocks and serialization failures →
-  :class:`DatabaseUnavailableError` (retryable; after a write the outcome is unknown, since
-  the commit may have happened: re-read the high-water mark); a login the server refuses →
-  :class:`DatabaseLoginError` (also a :class:`DatabaseUnavailableError`; :meth:`open` finds
-  it out with one connection of its own, as the pool only logs it); anything else →
-  :class:`DatabaseError`.
-- Operators' calls are :mod:`allocator.postgres.operator`'s; the values returned,
-  :mod:`allocator.core.records`'.
+SQL text comes from :mod:`allocator.postgres.sql` (none is composed here); each operation
+returns a small frozen record (:mod:`allocator.core.records`) or a plain value, never a
+driver row. The fence protocol it carries: docs/design.md §3. Operators' calls are
+:mod:`allocator.postgres.operator`'s.
 """
 
 from __future__ import annotations
@@ -123,11 +84,15 @@ def _refuse_behind(row: tuple[Any, ...] | None, watermark: Watermark) -> None:
 
 
 def _check_before_commit(what: str, commit_if: CommitCheck | None) -> None:
+    """Raise :class:`WriteAbandonedError` when ``commit_if`` says leadership came into doubt
+    (I6): the write rolls back instead of committing.
+    """
     if commit_if is not None and not commit_if():
         raise WriteAbandonedError(f"{what}: abandoned before commit, leadership is in doubt")
 
 
 def _check_ids(ranges: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]:
+    """The firsts and lasts of ``ranges``, each checked to fit a ``bigint``."""
     firsts = [first for first, _ in ranges]
     lasts = [last for _, last in ranges]
     if any(not 0 <= value <= BIGINT_MAX for value in (*firsts, *lasts)):
@@ -138,8 +103,21 @@ def _check_ids(ranges: Sequence[tuple[int, int]]) -> tuple[list[int], list[int]]
 class NodeDatabase:
     """The leader's (and followers') access to PostgreSQL, over a ``psycopg_pool`` pool.
 
-    ``NodeDatabase(config.postgres, node_name=...)`` does no I/O; call :meth:`open` (or use
-    ``with``). See the module docstring for the rules every operation follows.
+    - No hidden I/O: building one only records its settings; :meth:`open` creates and fills
+      the pool (again after :meth:`close`), and ``with`` does both. Operations may run from
+      several threads at once; ``open``/``close`` are not meant to race with them.
+    - Every operation is one statement in its own short transaction; nothing stays open
+      between operations, so a paused node holds a lock at most for
+      ``idle_in_transaction_session_timeout``. The exception is :meth:`take_fence`, which
+      sets its own ``lock_timeout`` for its transaction.
+    - Fenced writes carry the whole token ``(generation, epoch)`` and take ``commit_if``,
+      asked right before COMMIT: a node whose leadership came into doubt while the statement
+      ran rolls the write back (:class:`WriteAbandonedError`) instead of committing it (I6).
+      Block writes and takeovers also carry the node's layout (checked against the recorded
+      one) and ``max_clock_ahead_ms`` (the database refuses blocks past its own clock plus
+      that, or plus the lead the mark already had; migration 0003).
+    - Errors are translated here (:func:`allocator.postgres.errors.translate`), keeping
+      ``__cause__``; a pool timeout is :class:`DatabaseUnavailableError` too.
     """
 
     def __init__(
@@ -172,18 +150,24 @@ class NodeDatabase:
 
     @property
     def application_name(self) -> str:
+        """``allocator-node:<name>``, as every pool connection reports it (PostgreSQL keeps
+        63 bytes).
+        """
         return self._application_name
 
     @property
     def is_open(self) -> bool:
+        """True between :meth:`open` and :meth:`close`."""
         return self._pool is not None
 
     def open(self, timeout: float | None = None) -> None:
         """Create the pool and wait up to ``timeout`` s (default: the connect timeout) for
-        its ``pool_min_size`` connections. Raises :class:`DatabaseUnavailableError` (the pool
-        is then closed again; the pool's log says why connecting failed), or
-        :class:`DatabaseLoginError` when one direct connection, tried then, shows that the
-        server refuses the login (a configuration error, exit 78, like every command's)."""
+        its first connection.
+
+        A login the server refuses is :class:`DatabaseLoginError` (also a
+        :class:`DatabaseUnavailableError`): found out with one connection of its own, as the
+        pool only logs it.
+        """
         if self._pool is not None:
             return
         timeout = self._config.connect_timeout_s if timeout is None else timeout
@@ -252,6 +236,13 @@ class NodeDatabase:
         self.close()
 
     def _configure(self, conn: psycopg.Connection[TupleRow]) -> None:
+        """Configure each new pool connection.
+
+        ``statement_timeout`` and ``idle_in_transaction_session_timeout`` from
+        :class:`PostgresConfig`, the :attr:`application_name`, and a short ``lock_timeout``:
+        a fenced write that queues behind a takeover fails quickly and retryably (its retry
+        is then rejected as fenced) instead of waiting.
+        """
         conn.execute(
             sql.CONFIGURE_SESSION,
             {
@@ -264,6 +255,7 @@ class NodeDatabase:
 
     @contextmanager
     def _connection(self, what: str) -> Iterator[psycopg.Connection[TupleRow]]:
+        """A pool connection for ``what``, driver errors translated on the way out."""
         with translated(what):
             pool = self._pool
             if pool is None:
@@ -279,6 +271,9 @@ class NodeDatabase:
         kind: type[_T],
         commit_if: CommitCheck | None = None,
     ) -> _T:
+        """One statement's one row as ``kind``, in its own transaction, ``commit_if`` asked
+        before COMMIT.
+        """
         with (
             self._connection(what) as conn,
             conn.transaction(),
@@ -297,6 +292,9 @@ class NodeDatabase:
         params: Mapping[str, Any] | None = None,
         commit_if: CommitCheck | None = None,
     ) -> Any:
+        """One statement's single value, in its own transaction, ``commit_if`` asked before
+        COMMIT.
+        """
         with self._connection(what) as conn, conn.transaction():
             row = conn.execute(query, params).fetchone()
             _check_before_commit(what, commit_if)
@@ -316,16 +314,18 @@ class NodeDatabase:
     ) -> Takeover:
         """Move the fence to ``token`` (which must be newer) and record the term.
 
-        With ``watermark`` (ZooKeeper's, as the node read it), the database is first compared
-        with it in the same transaction: a database below it (:func:`allocator.fence.
-        database_behind`) raises :class:`DatabaseBehindError` and nothing is written. So no
-        takeover happens without a completed comparison: a comparison that cannot be made is
-        a takeover that cannot be made. (The fence and the mark only move forward, so a
-        database not behind at the read is not behind at the takeover.)
+        With ``watermark`` (ZooKeeper's, as the node read it), the database is first
+        compared with it in the same transaction: a database below it
+        (:func:`allocator.fence.database_behind`) raises :class:`DatabaseBehindError` and
+        nothing is written. So no takeover happens without a completed comparison: a
+        comparison that cannot be made is a takeover that cannot be made. (The fence and the
+        mark only move forward, so a database not behind at the read is not behind at the
+        takeover.)
 
-        Waits for a fenced write in flight (up to the takeover lock timeout). Raises
-        :class:`StaleTakeoverError` when the fence already holds ``token`` or a newer one,
-        :class:`LayoutMismatchError` when the database recorded another layout.
+        Unlike the fenced writes, it must wait for a write already in flight: its
+        ``lock_timeout`` is ``takeover_lock_timeout_ms`` (default: the statement timeout).
+        Raises :class:`StaleTakeoverError` when the fence already holds ``token`` or a newer
+        one, :class:`LayoutMismatchError` when the database recorded another layout.
         """
         what = "take the fence"
         params = {
@@ -449,6 +449,7 @@ class NodeDatabase:
     # -- reads ----------------------------------------------------------------------------
 
     def pool_status(self) -> PoolStatus:
+        """The one row of ``allocator.pool_status``."""
         return self._row("read the pool status", sql.POOL_STATUS, {}, PoolStatus)
 
     def block_age_status(self) -> BlockAgeStatus:
@@ -477,6 +478,7 @@ class NodeDatabase:
             return cursor.execute(sql.LEADER_HISTORY, {"limit": limit}).fetchall()
 
     def fence(self) -> FenceState:
+        """Who holds the fence now (token (0, 0) and no holder before the first takeover)."""
         with self._connection("read the fence") as conn:
             row = conn.execute(sql.FENCE_AND_HIGH_WATER).fetchone()
         if row is None:
@@ -522,9 +524,12 @@ class NodeDatabase:
 
 def connection_kwargs(config: PostgresConfig) -> dict[str, Any]:
     """libpq parameters of every node connection: a bounded connect, and TCP keepalives plus
-    ``tcp_user_timeout`` so a call on a path that drops packets (rather than refusing them)
-    fails within a bound instead of hanging; ``statement_timeout`` cannot help there, the
-    server's cancel never arrives."""
+    ``tcp_user_timeout``.
+
+    A call on a path that drops packets (rather than refusing them) so fails within a bound
+    instead of hanging; ``statement_timeout`` cannot help there, the server's cancel never
+    arrives.
+    """
     return {
         "connect_timeout": max(2, math.ceil(config.connect_timeout_s)),
         "keepalives": 1,

@@ -1,56 +1,11 @@
-"""The node's session file: its live ZooKeeper session, in a file only the node's user reads.
+"""The node's session file: its live ZooKeeper session, in a file only the node's user
+reads.
 
-Rules:
-
-- One file per node, ``<node.state_dir>/session.json``, mode 0600: the session password in
-  it lets whoever holds it act as the node's session (close it, or create ephemeral znodes
-  in its name), so it never leaves this file: not in ``/status``, a log line or an error.
-- The content is one small JSON object (:class:`SessionRecord`): ``version`` (2),
-  ``name``, ``host`` and ``pid`` of the node, ``zookeeper_hosts`` (with the chroot),
-  ``session_id`` (hex, ``0x…``, as ``/status`` shows it), ``session_password`` (hex),
-  ``written_at`` (Unix seconds), and what a reaper needs to prove the node dead
-  (:mod:`allocator.session.reaper`): ``election_path``, the process's ``start_time`` (clock ticks
-  since boot), the host's ``boot_id``, ``pid_namespace``, the pid namespace ``pid``
-  belongs to (the inode of the writer's ``/proc/self/ns/pid``; null when the writer could
-  not see itself in ``/proc``), and ``holds_lock``, whether the writer holds the folder's
-  lock (below). Readers refuse another version, and a ``pid`` that is not a process id
-  (below 1, or beyond a C int).
-- ``pid_namespace`` and ``holds_lock`` are optional keys of version 2, not a version 3: a
-  file without them (an older release's) reads as "namespace unknown, no lock held", and
-  the older release's reader, which takes the keys it knows and ignores others, still
-  reads the new file, so nodes of both releases can share a state folder during a rolling
-  upgrade. A crashed older node's file is reaped only on a proof that needs no pid (the
-  supervisor's child handle, a reboot); otherwise its session expires by itself.
-- Written atomically and rewritten for every new session: a temp file created with
-  ``O_CREAT | O_EXCL`` and mode 0600 in the same folder, fsynced, then renamed over the
-  file; a reader sees the old session or the new one, never half a file.
-- The folder's lock is ``flock`` on the folder itself (no lock file to own or clean up;
-  a local file system, as ``StateDirectory=``, an ``emptyDir`` or a Docker volume are).
-  Where the file system has no ``flock`` (NFS), the file is written and removed without
-  it, ``holds_lock`` false: the pid rules decide, as for an older release's file.
-  The node takes it with its first write (:func:`write` with ``hold``) and holds it until
-  it has removed its file at a clean exit (:func:`release`); the kernel lets go of it when
-  the process dies, never while it is paused. So whether a live process holds it
-  (:func:`lock_held`) tells a reaper whether the writer lives, in any pid namespace. A
-  write waits up to :data:`LOCK_WAIT_S` for it (a reaper holds it for a moment) and then
-  fails (another live node holds this folder: a configuration error, logged), rather than
-  wait forever.
-- A removal takes the lock too, without waiting: while another live process holds the
-  folder, nothing is removed (the file is that process's, or will be). It can be asked to
-  take the file only if it is the one meant (``only_if``: the reaper's "still names the
-  session I closed", the node's "written by this process"): the check and the unlink are
-  one step under the lock, so a file written meanwhile by a restarted node is never the
-  one removed. A file the check cannot read is kept.
-- :func:`prepare` runs once at start: it creates the folder (mode 0700, parents as
-  needed) and refuses (:class:`~allocator.core.errors.ConfigError`, one line) a path that is
-  not a folder, is owned by another user, is writable by group or others, or cannot be
-  written.
-- :func:`remove` runs when the node has closed its session (every exit through the node's
-  shutdown), for the file that process wrote. A process that dies without it (SIGKILL, a
-  crash, a power cut) leaves the file behind, naming a session that lives until ZooKeeper
-  expires it, unless a reaper (:mod:`allocator.session.reaper`: the restarted node, its
-  supervisor, ``allocator reap-session``) proves the process dead and closes the session
-  first.
+One file per node, ``<node.state_dir>/session.json``, mode 0600: its session password lets
+whoever holds it act as the node's session (close it, or create ephemeral znodes in its
+name), so it never leaves this file: not in ``/status``, a log line or an error. A node that
+dies without removing it leaves a session a reaper (:mod:`allocator.session.reaper`) may
+close.
 """
 
 from __future__ import annotations
@@ -90,7 +45,21 @@ _held_guard = threading.Lock()
 
 @dataclass(frozen=True)
 class SessionRecord:
-    """What the session file holds (see the module rules)."""
+    """What the session file holds: one small JSON object, ``version`` 2.
+
+    ``name``, ``host`` and ``pid`` of the node, ``zookeeper_hosts`` (with the chroot),
+    ``session_id`` (hex ``0x…``, as ``/status`` shows it), ``session_password`` (hex),
+    ``written_at`` (Unix seconds), and what a reaper needs to prove the node dead:
+    ``election_path``, the process's ``start_time`` (clock ticks since boot), the host's
+    ``boot_id``, ``pid_namespace`` (the inode of the writer's ``/proc/self/ns/pid``; null
+    when it could not see itself) and ``holds_lock`` (whether the writer holds the folder's
+    lock).
+
+    ``pid_namespace`` and ``holds_lock`` are optional keys of version 2, not a version 3: a
+    file without them (an older release's) reads as "namespace unknown, no lock held", and
+    the older reader, which ignores keys it does not know, still reads the new file, so both
+    releases can share a state folder during a rolling upgrade.
+    """
 
     name: str
     host: str
@@ -120,6 +89,7 @@ class SessionRecord:
         )
 
     def to_json(self) -> dict[str, Any]:
+        """The file's JSON object."""
         raw = asdict(self)
         raw["session_id"] = f"{self.session_id:#x}"
         raw["session_password"] = self.session_password.hex()
@@ -127,7 +97,11 @@ class SessionRecord:
 
     @classmethod
     def from_json(cls, raw: Any) -> SessionRecord:
-        """Parse a file's object; raises ValueError when it is not this version's shape."""
+        """Parse a file's object; raises ValueError when it is not this version's shape.
+
+        Another version is refused, and so is a ``pid`` that is not a process id (below 1,
+        or beyond a C int).
+        """
         if not isinstance(raw, dict) or raw.get("version") != VERSION:
             version = raw.get("version") if isinstance(raw, dict) else None
             raise ValueError(f"not a version {VERSION} session file (version {version!r})")
@@ -164,7 +138,12 @@ def path_in(state_dir: Path) -> Path:
 
 
 def prepare(state_dir: Path) -> None:
-    """Create ``state_dir`` (0700) if missing and check it may hold the file (module rules)."""
+    """Create ``state_dir`` (0700, parents as needed) if missing and check it may hold the
+    file; runs once at start.
+
+    Refuses (:class:`~allocator.core.errors.ConfigError`, one line) a path that is not a
+    folder, is owned by another user, is writable by group or others, or cannot be written.
+    """
     key = "node.state_dir"
     try:
         state_dir.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
@@ -265,9 +244,17 @@ def _hold(state_dir: Path) -> None:
 def write(state_dir: Path, record: SessionRecord, *, hold: bool = False) -> Path:
     """Replace the session file atomically with ``record`` (stamped now); returns its path.
 
-    ``hold``: the writer is the process ``record`` names, and keeps the folder's lock from
-    now until :func:`release` or its exit (``holds_lock`` in the file). Raises OSError
-    (EBUSY) when another live process holds the lock (see the module rules)."""
+    Rewritten for every new session: a temporary file (``O_CREAT | O_EXCL``, mode 0600, same
+    folder), fsynced, then renamed over the file, so a reader sees the old session or the
+    new one. The folder's lock is ``flock`` on the folder itself (no lock file to own or
+    clean up); ``hold``: the writer is the process ``record`` names and keeps the lock from
+    now until :func:`release` or its exit (``holds_lock`` in the file); the kernel lets go
+    of it when the process dies, never while it is paused. A write waits up to
+    :data:`LOCK_WAIT_S` for the lock (a reaper holds it for a moment), then raises OSError
+    (EBUSY: another live node holds this folder, a configuration error) rather than wait
+    forever. Where the file system has no ``flock`` (NFS) the file is written without it,
+    ``holds_lock`` false: the pid rules decide, as for an older release's file.
+    """
     locks = True
     if hold and not _holds(state_dir):
         try:
@@ -295,7 +282,10 @@ def release(state_dir: Path) -> None:
 
 def lock_held(state_dir: Path) -> bool | None:
     """Whether a live process holds the folder's lock (this one, or another); None when it
-    cannot be told (the folder cannot be opened or locked)."""
+    cannot be told (the folder cannot be opened or locked).
+
+    This tells a reaper whether the writer lives, in any pid namespace.
+    """
     if _holds(state_dir):
         return True
     try:
@@ -329,8 +319,16 @@ Check = Callable[[SessionRecord], bool]
 
 def remove(state_dir: Path, *, only_if: Check | None = None) -> bool:
     """Delete the session file; False when there was none, when another live process holds
-    the folder's lock (the file is that process's), or when ``only_if`` says it is not the
-    one (a file it cannot read is never the one). See the module rules."""
+    the folder's lock (the file is that process's, or will be), or when ``only_if`` says
+    it is not the one.
+
+    Takes the lock without waiting. ``only_if`` (the reaper's "still names the session I
+    closed", the node's "written by this process") and the unlink are one step under the
+    lock, so a file written meanwhile by a restarted node is never the one removed; a file
+    the check cannot read is never the one. The node calls it once it has closed its session
+    (every exit through its shutdown); a process that dies without it leaves the file, and
+    its session lives until ZooKeeper expires it unless a reaper closes it first.
+    """
     try:
         with _exclusive(state_dir, 0.0) as mine:
             return mine and _remove_unlocked(state_dir, only_if)

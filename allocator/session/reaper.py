@@ -1,67 +1,9 @@
 """Reaping a dead node's ZooKeeper session, so its successor does not wait for the timeout.
 
-When a node process dies without closing its session (SIGKILL, an OOM kill, a crash), its
-session (and so its election znode) lives on until ZooKeeper expires it: nobody can lead
-until then. The process that replaces it, or its supervisor, can end that wait at once:
-attach to the session with the id and password the dead node kept in its session file
-(:mod:`allocator.session.file`) and close it, which deletes its ephemeral znodes.
-
-Rules:
-
-- Attaching takes a live session away from its owner, so nothing attaches before
-  :func:`decide` has proved the recorded process dead *on this host*: the file names this
-  cluster (ZooKeeper hosts with the chroot, election path), this node's name and this
-  host, and then either the caller holds the child handle that saw the process exit
-  (``exited_pid``), or the host's boot id changed since the file was written, or the
-  process no longer holds the state folder's lock it took with the file, or (a file
-  without that lock) the recorded pid is gone, or it now has another start time (a reused
-  pid), both judged in the pid namespace the file names. Liveness is never judged from
-  ``/proc/<pid>/cmdline`` (empty for a moment right after an exec): the child handle, the
-  lock, or pid plus start time.
-- The lock: a node holds its state folder's lock (``flock`` on the folder) from its first
-  write of the file until it has removed it at a clean exit (``holds_lock`` in the file,
-  :mod:`allocator.session.file`). The kernel lets go of it when the process dies, in
-  whatever pid namespace or container it ran, and never while it is paused. So a lock
-  nobody holds proves the writer gone (or done with its session), and a held one proves
-  it alive, where a pid cannot tell: a container restarted in a new pid namespace
-  (Kubernetes, Compose) reaps its predecessor, ``docker compose run node-1 reap-session``
-  beside a live node leaves it alone. Where the lock cannot be probed, or the file does
-  not say its writer held it (an older release), the pid rules below decide.
-- The pid rules: a pid means something only in its pid namespace, and "I cannot see that
-  pid" is never taken as death. The file records the writer's pid namespace (the inode of
-  ``/proc/self/ns/pid``, :func:`pid_namespace`), and the pid and its start time are judged
-  only by a reaper that sees itself in a ``/proc`` of its own pid namespace (its
-  ``NSpid`` there is its own pid, alone) and runs in the namespace the file names.
-  Otherwise the process counts as alive: a reaper in another pid namespace (``docker
-  compose run node-1 reap-session``, a ``kubectl debug`` container, where the pid is
-  missing or is some other process, pid 1 say), one whose ``/proc`` is missing, unreadable
-  or another namespace's, and a file that does not name its namespace (an older release's,
-  or a writer's that could not see itself: its pid may be another namespace's). A pid
-  that runs but whose ``/proc/<pid>`` this reaper cannot read (hidden by ``hidepid``,
-  refused) is alive too: "gone" takes both ``/proc`` and ``kill(pid, 0)`` saying so.
-- Proofs that need no pid hold across namespaces: the lock, a changed boot id (a reboot
-  ends every process; but a held lock wins over it: a reaper that reads another boot id
-  may run on another kernel, a sandbox's), and the supervisor's child handle, unless the
-  file names another pid namespace than the supervisor's own (its child runs in its
-  namespace, and a process never changes its own, so such a file is not its child's) or
-  the supervisor cannot see its own.
-- A paused process (SIGSTOP, a frozen VM) still runs with its start time: it is never
-  reaped. It is left to its session timeout, and to the fence.
-- Names must be stable: a node whose ``node.name`` is not configured gets
-  ``<hostname>-<pid>``, a new name at every start, so its successor cannot recognise it:
-  such a node never reaps, and says so.
-- A file from another cluster, name or host, or one that does not parse (another
-  version), is ignored and reported, never removed. A session already gone is a no-op. A
-  reaped or already-gone session's file is removed, but only while it still names that
-  session and no live process holds the state folder's lock: the check and the unlink are
-  one step under that lock, which every write of the file takes too, so a successor that
-  recorded its own session meanwhile (while this reaper connected, up to its timeout)
-  keeps its file.
-- Why this is safe even if the proof were wrong: the "dead" process would see its session
-  expire (closed) and stop itself at once (DESIGN §4), and anything it still tried to
-  write carries its old token, which the fence in PostgreSQL rejects once the successor
-  has taken it (DESIGN §3). Reaping can cost a live node its session; it can never make
-  two writers.
+When a node dies without closing its session (SIGKILL, an OOM kill, a crash) its election
+znode lives on until ZooKeeper expires it. Its replacement or supervisor can end that wait:
+attach with the id and password the dead node kept in its session file
+(:mod:`allocator.session.file`) and close the session, once :func:`decide` proves it dead.
 """
 
 from __future__ import annotations
@@ -96,6 +38,8 @@ DEFAULT_TIMEOUT_S: Final = 5.0
 
 
 class Action(Enum):
+    """What :func:`decide` concluded about a session file."""
+
     NOTHING = "nothing"
     """No session file: nothing to reap."""
     IGNORE = "ignore"
@@ -103,10 +47,13 @@ class Action(Enum):
     ALIVE = "alive"
     """The recorded process still runs (perhaps paused): never reaped."""
     REAP = "reap"
+    """Proved dead: close its session and remove its file."""
 
 
 @dataclass(frozen=True)
 class Decision:
+    """An :class:`Action` and the one-line reason logged with it."""
+
     action: Action
     reason: str
 
@@ -193,12 +140,41 @@ def decide(
     started: Callable[[int], int | None] = start_time_of,
     exited_pid: int | None = None,
 ) -> Decision:
-    """What to do with ``record`` (pure but for ``started``); see the module rules.
+    """What to do with ``record`` (pure but for ``started``).
 
-    ``pid_namespace_now``: :func:`pid_namespace` of the caller (None: it cannot see
-    itself). ``lock_held``: :func:`allocator.session.file.lock_held` of the state folder
-    (None: not known). ``started``: :func:`start_time_of`, None for a pid that is gone,
-    OSError when it cannot say."""
+    Attaching takes a live session away from its owner, so nothing is reaped before the
+    process is proved dead *on this host*:
+
+    - The file must name this cluster (ZooKeeper hosts with the chroot, election path), this
+      node's name and this host; another cluster's, name's or host's file, or one that does
+      not parse, is ignored and reported, never removed. A node whose ``node.name`` is not
+      configured gets ``<hostname>-<pid>``, a new name at every start, so it never reaps.
+    - Then one proof: the caller's child handle saw the process exit (``exited_pid``); or
+      nobody holds the state folder's lock the writer took with the file (``holds_lock``:
+      the kernel drops it when the process dies, in any pid namespace, never while it is
+      paused; a held lock proves it alive); or the host's boot id changed (a reboot ends
+      every process, but a held lock wins: a reaper that reads another boot id may run on
+      another kernel); or, where the lock cannot be probed or the file does not say its
+      writer held it (an older release, no ``flock``), the recorded pid is gone or has
+      another start time (a reused pid). Liveness is never judged from
+      ``/proc/<pid>/cmdline`` (empty for a moment right after an exec).
+    - The pid rules: a pid means something only in its pid namespace, and "I cannot see that
+      pid" is never death. Pid and start time are judged only by a reaper that sees itself
+      in a ``/proc`` of its own pid namespace and runs in the namespace the file names;
+      otherwise (another namespace, as ``docker compose run node-1 reap-session`` or a
+      ``kubectl debug`` container; a missing or foreign ``/proc``; a file that names no
+      namespace) the process counts as alive. A pid whose ``/proc/<pid>`` cannot be read
+      (``hidepid``) is alive too: "gone" takes both ``/proc`` and ``kill(pid, 0)`` saying
+      so. The child handle does not hold when the file names another pid namespace than the
+      caller's, or the caller cannot see its own.
+    - A paused process (SIGSTOP, a frozen VM) still runs with its start time: never reaped;
+      it is left to its session timeout, and to the fence.
+
+    ``pid_namespace_now``: :func:`pid_namespace` of the caller (None: it cannot see itself).
+    ``lock_held``: :func:`allocator.session.file.lock_held` of the state folder (None: not
+    known). ``started``: :func:`start_time_of`, None for a pid that is gone, OSError when it
+    cannot say.
+    """
     if record is None:
         return Decision(Action.NOTHING, "no session file")
     if (record.zookeeper_hosts, record.election_path) != (me.zookeeper_hosts, me.election_path):
@@ -278,9 +254,15 @@ def reap(
     exited_pid: int | None = None,
     timeout_s: float = DEFAULT_TIMEOUT_S,
 ) -> Decision:
-    """Read the session file in ``state_dir``, decide, and reap if allowed; logs one line.
+    """Read the session file in ``state_dir``, :func:`decide`, and reap if allowed; logs one
+    line.
 
-    Never raises for a ZooKeeper problem (the old session then just expires on its own)."""
+    A session already gone is a no-op. Safe even if the proof were wrong: the "dead" process
+    would see its session closed and stop itself at once (docs/design.md §4), and anything
+    it still tried to write carries its old token, which the fence rejects once the
+    successor has taken it (§3). Reaping can cost a live node its session; it can never make
+    two writers.
+    """
     try:
         record = session_file.read(state_dir)
     except (OSError, ValueError) as exc:
@@ -311,7 +293,12 @@ def reap(
 
 
 def _remove_reaped(state_dir: Path, session_id: int, decision: Decision) -> Decision:
-    """Remove the file only while it names ``session_id`` (module rules); says if it stays."""
+    """Remove the file only while it names ``session_id``; says if it stays.
+
+    The check and the unlink are one step under the state folder's lock, which every write
+    of the file takes too, so a successor that recorded its own session meanwhile (while
+    this reaper connected, up to its timeout) keeps its file.
+    """
     try:
         removed = session_file.remove(state_dir, only_if=lambda now: now.session_id == session_id)
     except OSError as exc:

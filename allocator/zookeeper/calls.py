@@ -53,6 +53,7 @@ def start(client: KazooClient, config: Config) -> None:
 
 
 def close(client: KazooClient) -> None:
+    """Stop and close ``client``, ignoring a connection already gone."""
     client.stop()
     client.close()
 

@@ -1,30 +1,9 @@
 """ZooKeeper access: how every kazoo client of the project is built, and the ACL of every
-znode the cluster creates (DESIGN §11, ZooKeeper ACLs).
+znode the cluster creates.
 
-Rules:
-
-- One identity per cluster: ``zookeeper.auth``, digest ``user:password``, from the
-  environment (``ALLOCATOR_ZOOKEEPER_AUTH``) or the config file, never a flag. Every client
-  (a node's, ``status``/``watch``/``step-down``'s, the operator commands', the embedded
-  cluster's tools) is built by :func:`client` and authenticates with it; kazoo re-sends it
-  on every reconnect.
-- What the cluster creates carries :func:`acl`: the identity has every right and nobody else
-  any, except read for the world with ``zookeeper.world_readable``. A client inside the
-  chroot has that ACL as its ``default_acl`` (everything it can create lies at or below the
-  chroot). A client without the chroot (``chroot=False``: to create the chroot after an
-  ensemble was wiped) has no default: :func:`ensure_chroot` creates the chroot's parents,
-  which other clusters may share, with ZooKeeper's usual open ACL and only the chroot with
-  ours.
-- Znodes a version without ACLs left open are taken over when a node starts
-  (:func:`secure`): the chroot, the election path and its parents below the chroot, and the
-  fence's znodes get our ACL when they carry another one. That needs ADMIN on them, which an
-  open ACL grants anybody; a znode whose ACL grants our identity nothing is a
-  :class:`~allocator.core.errors.ConfigError` naming ``zookeeper.auth``, as is every ``NoAuth``
-  answer (digest authentication itself never fails: a wrong password is only another
-  identity). Ephemeral election znodes are not taken over: they go with their sessions.
-- Without ``zookeeper.auth`` a node refuses to start unless ``zookeeper.insecure`` is set
-  (:func:`check_node`); then it warns at every start and ``config check`` says so
-  (:func:`warnings`). Without auth, kazoo's default (open) ACL is used.
+One identity per cluster, ``zookeeper.auth`` (digest ``user:password``, from the environment
+or the config file, never a flag); kazoo re-sends it on every reconnect. Operators' side:
+``docs/zookeeper-acls.md``; design: docs/design.md §11.
 """
 
 from __future__ import annotations
@@ -77,7 +56,11 @@ def credentials(config: Config) -> tuple[str, str] | None:
 
 
 def acl(config: Config) -> list[ACL] | None:
-    """The ACL of every znode the cluster creates; None (ZooKeeper's open ACL) without auth."""
+    """The ACL of every znode the cluster creates; None (ZooKeeper's open ACL) without auth.
+
+    The identity has every right and nobody else any, except read for the world with
+    ``zookeeper.world_readable``.
+    """
     return digest_acl(config.zookeeper.auth.get_secret_value(), config.zookeeper.world_readable)
 
 
@@ -100,8 +83,15 @@ def client(
     command_retry: KazooRetry | None = None,
 ) -> KazooClient:
     """A kazoo client (not started) for the config's ensemble, authenticated with
-    ``zookeeper.auth``; inside the chroot (with the cluster's ACL as ``default_acl``), or
-    with ``chroot=False`` at the ensemble's root (no default ACL: module rules)."""
+    ``zookeeper.auth``.
+
+    Every client of the project (a node's, ``status``/``watch``/``step-down``'s, the
+    operator commands', the embedded cluster's tools) is built here. Inside the chroot it
+    has the cluster's ACL as ``default_acl`` (everything it can create lies at or below the
+    chroot). With ``chroot=False`` (to create the chroot after an ensemble was wiped) it has
+    none: :func:`ensure_chroot` gives the chroot's parents, which other clusters may share,
+    the open ACL and only the chroot ours.
+    """
     zk = config.zookeeper
     return client_for(
         zk.hosts if chroot else servers_of(zk.hosts),
@@ -143,7 +133,10 @@ def client_for(
 
 
 def check_node(config: Config) -> None:
-    """Refuse a node without ``zookeeper.auth`` unless ``zookeeper.insecure`` (module rules)."""
+    """Refuse a node without ``zookeeper.auth`` unless ``zookeeper.insecure`` is set.
+
+    An insecure node warns at every start and ``config check`` says so (:func:`warnings`).
+    """
     if credentials(config) is None and not config.zookeeper.insecure:
         raise ConfigError(NO_AUTH_ERROR)
 
@@ -180,8 +173,16 @@ def owned_paths(config: Config) -> list[str]:
 
 def secure(zk: Any, config: Config, wait: Wait, paths: Iterable[str] | None = None) -> list[str]:
     """Give our ACL to each existing znode of ``paths`` (default :func:`owned_paths`) that
-    carries another one; returns those changed. A no-op without auth. ``zk`` is a started
-    client inside the chroot. Raises :class:`ConfigError` when ZooKeeper refuses."""
+    carries another one; returns those changed.
+
+    Takes over what a version without ACLs left open, when a node starts: the chroot, the
+    election path and its parents below the chroot, the fence's znodes. That needs ADMIN,
+    which an open ACL grants anybody; a znode whose ACL grants our identity nothing, and
+    every ``NoAuth`` answer, is a :class:`ConfigError` naming ``zookeeper.auth`` (digest
+    authentication itself never fails: a wrong password is only another identity). Ephemeral
+    election znodes are left alone: they go with their sessions. A no-op without auth;
+    ``zk`` is a started client inside the chroot.
+    """
     wanted = acl(config)
     if wanted is None:
         return []

@@ -1,38 +1,7 @@
 """Leader election on kazoo primitives: ephemeral sequential znodes, no herd effect.
 
-Rules (DESIGN §3):
-- Every contender creates one ephemeral sequential znode ``<path>/n-<uuid>-<seq>`` whose
-  data is JSON (instance name, host, pid, admin address). The uuid lets a retry find a node
-  whose ``create`` succeeded but whose reply was lost, so a contender never holds two. It
-  is created with the cluster's ACL (``acl``, see :mod:`allocator.zookeeper.client`) when given.
-- The queue is ordered by each znode's name and stat alone, never by its data: only
-  *ephemeral* children (``ephemeralOwner`` != 0) whose name is exactly
-  ``n-<32 lowercase hex>-<10 digits>`` count, lowest sequence number first (the name breaks
-  a tie no real sequence can make). Both are fixed when a znode is created, so every
-  contender, of whatever version, computes the same order. Anything else under the path (a
-  persistent lookalike, a foreign name) is ignored for ordering and reported
-  (:func:`read_queue`). A sequence number past 2^31 - 1 (ZooKeeper prints it negative)
-  does not match: at one join and one leave per second that is 34 years of churn on one
-  election path.
-- The contender with the lowest sequence number leads. Every other contender sets one
-  ``exists`` watch, on its immediate predecessor only (the nearest ephemeral one before it):
-  when a node goes, exactly one contender wakes (no herd). A woken contender re-reads the
-  children and, if it is not first yet, watches its new predecessor.
-- A znode's data is only read for people and for a leader choosing whom to hand over to:
-  :meth:`Identity.parse` is total (any bytes give an identity and, when they are not what
-  our nodes write, a one-line ``problem``); data that does not parse is reported
-  (``Contender.problem``) and changes nothing in the order.
-- The fencing token is the ``czxid`` of the contender's own znode, read back with the node's
-  ``ephemeralOwner`` checked against our session id: a token is only ever derived from a node
-  this session owns (sequence numbers are per-parent 32-bit and compared as strings by some
-  tools, so they are not used as tokens).
-- Every ZooKeeper call waits at most ``call_timeout_s``: kazoo queues requests while
-  disconnected and a plain call would wait for the reconnect, however long, leaving the
-  node deaf to its own session timer and to SIGTERM. A call that times out raises
-  :class:`ZooKeeperCallTimeoutError`; the caller treats it like a lost connection.
-- Nothing here decides what leading means or reacts to session state: that is
-  :mod:`allocator.core.leadership`'s job. Watch callbacks only set an Event (they run on kazoo's
-  shared callback thread and must not block or call ZooKeeper).
+What leading means and how session states are met is :mod:`allocator.core.leadership`'s job,
+not this module's; the election's rules are docs/design.md §3.
 """
 
 from __future__ import annotations
@@ -79,8 +48,13 @@ class ElectionNodeLostError(AllocatorError):
 
 @dataclass(frozen=True)
 class Identity:
-    """What a contender publishes in its znode, so operators see who is queued and a leader
-    that must hand over sees who would do better (``db_ok``, ``clock_ok``; None: unknown)."""
+    """What a contender publishes in its znode (JSON: instance name, host, pid, admin
+    address), so operators see who is queued and a leader can choose whom to hand over
+    to.
+
+    The data is read only for people and for that choice, never for the order: data that
+    does not parse is reported and changes nothing in the queue.
+    """
 
     name: str
     host: str
@@ -93,6 +67,7 @@ class Identity:
     reasons); None when it is not blocked. Shown by ``status``; older versions ignore it."""
 
     def to_bytes(self) -> bytes:
+        """The znode's data, as our nodes write it."""
         data: dict[str, Any] = {
             "name": self.name,
             "host": self.host,
@@ -231,13 +206,26 @@ def sequence_of(znode: str) -> int:
 
 
 def ordered(children: Sequence[str]) -> list[str]:
-    """The names in our format, lowest sequence first (the name breaks ties); strangers
-    dropped. The candidates only: whether each is ephemeral needs its stat."""
+    """The names in our format, lowest sequence first (the name breaks ties no real sequence
+    can make); strangers are dropped.
+
+    Order comes from names and stats alone, fixed at create time, so every contender of
+    every version computes the same one. Only ``n-<32 lowercase hex>-<10 digits>`` counts; a
+    sequence past 2^31 - 1 (which ZooKeeper prints negative) does not match: at one join and
+    one leave a second that is 34 years of churn on one election path.
+    """
     return sorted((c for c in children if sequence_of(c) >= 0), key=lambda c: (sequence_of(c), c))
 
 
 class Election:
-    """One contender's place in the election under ``path``."""
+    """One contender's place in the election under ``path``.
+
+    Every ZooKeeper call waits at most ``call_timeout_s``: kazoo queues requests while
+    disconnected and a plain call would wait for the reconnect, leaving the node deaf to its
+    own session timer and to SIGTERM. A call that times out raises
+    :class:`~allocator.zookeeper.calls.ZooKeeperCallTimeoutError`; callers treat it like a
+    lost connection.
+    """
 
     def __init__(
         self,
@@ -264,6 +252,7 @@ class Election:
 
     @property
     def path(self) -> str:
+        """The election path this contender queues under."""
         return self._path
 
     @property
@@ -274,10 +263,13 @@ class Election:
     def join(self) -> str:
         """Create our contender node (idempotent while it exists); returns its path.
 
-        Under the advert's lock: an advert published while the znode is being created
-        either comes first (the create writes it) or waits and rewrites the new znode;
-        otherwise the create could write the older advert after the newer one was taken
-        for published, and it would stay wrong for as long as nothing changes."""
+        The node is ``<path>/n-<uuid>-<seq>``, ephemeral and sequential, with the cluster's
+        ACL when given. The uuid lets a retry find a node whose ``create`` succeeded but
+        whose reply was lost, so a contender never holds two. Under the advert's lock: an
+        advert published while the znode is being created either comes first (the create
+        writes it) or waits and rewrites the new znode; otherwise the create could write the
+        older advert after the newer one was taken for published.
+        """
         with self._advert_lock:
             if self._znode is not None and self._owns(self._znode):
                 return self._znode
@@ -307,10 +299,12 @@ class Election:
     def wait_until_first(self, stop: threading.Event, recheck_s: float = 1.0) -> bool:
         """Block until we are the lowest contender (True) or ``stop`` is set (False).
 
-        Watches only the immediate predecessor; re-checks every ``recheck_s`` so a lost
-        watch (session events drop pending watches) cannot stall us. Each re-check hands
-        kazoo the same callback for the same predecessor (kazoo keeps a set per path), so a
-        long-lived predecessor does not pile up one pending callback per second.
+        Sets one ``exists`` watch, on the immediate predecessor only: when a node goes
+        exactly one contender wakes (no herd), re-reads the children and, if not first yet,
+        watches its new predecessor. Re-checks every ``recheck_s`` so a lost watch (session
+        events drop pending watches) cannot stall us; each re-check hands kazoo the same
+        callback for the same predecessor (kazoo keeps a set per path), so a long-lived
+        predecessor does not pile up one pending callback per second.
         """
         watched = ""
         woken = threading.Event()
@@ -331,7 +325,12 @@ class Election:
         return False
 
     def token(self) -> int:
-        """The fencing token: our znode's czxid, after checking this session owns it."""
+        """The fencing token: our znode's czxid, after checking this session owns it.
+
+        A token is only ever derived from a node this session owns (``ephemeralOwner``).
+        Sequence numbers are per-parent, 32-bit and compared as strings by some tools, so
+        they are never tokens.
+        """
         znode = self._require_znode()
         stat = self._bounded(self._client.exists_async(znode))
         if stat is None or stat.ephemeralOwner != self._session_id():
@@ -381,8 +380,10 @@ class Election:
                 self._bounded(self._client.set_async(self._znode, identity.to_bytes()))
 
     def _predecessor(self) -> str | None:
-        """The nearest *ephemeral* contender before ours (module rules), or None: we lead.
-        A persistent lookalike in between is skipped; one that vanished is gone."""
+        """The nearest *ephemeral* contender before ours, or None: we lead.
+
+        A persistent lookalike in between is skipped; one that vanished is gone.
+        """
         znode = self._require_znode()
         name = znode.rsplit("/", 1)[1]
         order = ordered(self._bounded(self._client.get_children_async(self._path)))
@@ -433,7 +434,9 @@ class Election:
 
 
 def _setter(event: threading.Event) -> Callable[[object], None]:
-    """A watch callback that only sets ``event`` (callbacks share kazoo's one thread)."""
+    """A watch callback that only sets ``event``: callbacks share kazoo's one thread and
+    must not block or call ZooKeeper.
+    """
     return lambda _watched_event: event.set()
 
 
@@ -443,11 +446,14 @@ def read_contenders(client: KazooClient, path: str) -> list[Contender]:
 
 
 def read_queue(client: KazooClient, path: str) -> Queue:
-    """The election under ``path`` as an outsider sees it (``allocator status``): the
-    contenders in order (module rules) and every other child, ignored, with the reason. A
-    ``sync`` first: the server we read from has then seen every change the leader of the
-    ensemble committed before (ZooKeeper promises no more without it). Whatever a znode
-    holds, this does not raise for it; a missing path is an empty queue."""
+    """The election under ``path`` as an outsider sees it (``allocator status``).
+
+    The contenders in order (:func:`ordered`; only *ephemeral* children count) and every
+    other child (a persistent lookalike, a foreign name) ignored, with the reason. A
+    ``sync`` first: the server read from has then seen every change the ensemble's leader
+    committed before (ZooKeeper promises no more without it). Whatever a znode holds, this
+    does not raise for it; a missing path is an empty queue.
+    """
     try:
         client.sync(path)
         children = client.get_children(path)
