@@ -39,8 +39,11 @@ import os
 import re
 import runpy
 import sys
+import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import SupportsIndex
 
 from allocator.config import process_environment
 from allocator.core.errors import ConfigError, PrerequisiteError
@@ -145,6 +148,27 @@ def node_module(node_argv: Sequence[str]) -> tuple[str, list[str]] | None:
     return None
 
 
+def sleep_on_a_condition() -> None:
+    """Make ``time.sleep`` wait on a condition variable, in this process, before the node's
+    modules are imported.
+
+    libfaketime 0.9.10 with ``FAKETIME_DONT_FAKE_MONOTONIC=1`` fails every
+    ``clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME)`` with EINVAL, and Python 3.11's
+    ``time.sleep`` is built on it; a condition's timed wait works. kazoo binds ``time.sleep``
+    when it is imported (its connection retry's default ``sleep_func``), and its reconnect
+    loop sleeps: without this, a skewed node's first lost connection kills kazoo's
+    connection thread, and the session with it, for a reason no real clock has.
+    """
+
+    def sleep(duration: float | SupportsIndex) -> None:
+        seconds = float(duration)
+        if seconds < 0:
+            raise ValueError("sleep length must be non-negative")
+        threading.Event().wait(seconds)
+
+    time.sleep = sleep
+
+
 def _run_module(module: str, args: list[str]) -> int:
     """Run ``module`` as ``python -m`` would, in this process; its exit code."""
     sys.argv = [module, *args]
@@ -173,6 +197,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _fail(f"the node command must be <python> -m <module> ...: {shown}", EXIT_CONFIG)
     env = process_environment()
     if env.get(APPLIED_VAR) == "1":
+        if env.get("FAKETIME"):
+            sleep_on_a_condition()
         return _run_module(*target)
     name = env.get(NODE_NAME_VAR)
     if not name:

@@ -3,7 +3,8 @@
 Rules: the skewed node runs outside the supervisor under libfaketime (Debian's ``faketime``):
 ``LD_PRELOAD`` + ``FAKETIME=+1h`` shifts only that process's wall clock, as a real bad clock
 would (``FAKETIME_DONT_FAKE_MONOTONIC=1``: without it ``threading.Event().wait()`` never
-returns under Python here). Nothing in the product knows it is being tested.
+returns under Python here; with it ``time.sleep`` fails, so tests/chaos/faketime_site puts a
+working one in first). Nothing in the product knows it is being tested.
 
 What used to happen: the skewed leader moved the high-water mark to its own clock, and every
 node with a correct clock then refused to cut until that date (1,411 of 1,475 claims failed
@@ -17,6 +18,7 @@ its clock rule) finds nothing.
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import datetime
 from pathlib import Path
@@ -29,16 +31,22 @@ from tests.chaos.harness import ChaosCluster, chaos_consumers, log_events, metri
 pytestmark = pytest.mark.integration
 
 LIBFAKETIME = Path("/usr/lib/x86_64-linux-gnu/faketime/libfaketime.so.1")
+FAKETIME_SITE = Path(__file__).with_name("faketime_site")
+REPO = Path(__file__).resolve().parents[2]
 HANDOVER_S = "2"
 MAX_AHEAD_MS = 1000
 CLAIMS = 20
 
 
 def faketime_env(offset: str) -> dict[str, str]:
+    """A node under libfaketime at ``offset`` whose ``time.sleep`` works there: kazoo's
+    reconnect loop sleeps, and libfaketime fails Python's sleep with EINVAL, which would end
+    the node's session at its first lost connection (faketime_site/sitecustomize.py)."""
     return {
         "LD_PRELOAD": str(LIBFAKETIME),
         "FAKETIME": offset,
         "FAKETIME_DONT_FAKE_MONOTONIC": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(FAKETIME_SITE)]),
         "ALLOCATOR_LEADER_CLOCK_SKEW_HANDOVER_S": HANDOVER_S,
     }
 

@@ -32,7 +32,6 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import replace
-from pathlib import Path
 
 import psycopg
 import pytest
@@ -59,17 +58,6 @@ SMALL_POOL = {
 }
 NEW_DATABASE_IDS = 1 << 40
 """Added to the block ids the restored database hands out (it reuses the old ones)."""
-FAKETIME_SITE = Path(__file__).with_name("faketime_site")
-REPO = Path(__file__).resolve().parents[2]
-
-
-def skewed_env(offset: str) -> dict[str, str]:
-    """A node under libfaketime at ``offset`` whose ``time.sleep`` works there (see
-    tests/chaos/faketime_site/sitecustomize.py: libfaketime fails Python's sleeps)."""
-    return {
-        **faketime_env(offset),
-        "PYTHONPATH": os.pathsep.join([str(REPO), str(FAKETIME_SITE)]),
-    }
 
 
 def pool_command(info: ClusterInfo, *args: str) -> dict[str, object]:
@@ -173,9 +161,9 @@ def test_a_restore_by_the_procedure_hands_out_no_id_twice() -> None:
     resume, then served; no ID range is handed out twice (checker). Cost: ~20 s.
     """
     with ChaosCluster(zk=1, nodes=0, node_env=SMALL_POOL) as chaos:
-        ahead = chaos.start_extra_node("ahead", skewed_env("+0.4"))
+        ahead = chaos.start_extra_node("ahead", faketime_env("+0.4"))
         chaos.wait_role(ahead.admin_url, "leader", "the node 400 ms ahead to lead")
-        behind = chaos.start_extra_node("behind", skewed_env("-0.4"))
+        behind = chaos.start_extra_node("behind", faketime_env("-0.4"))
         chaos.wait_role(behind.admin_url, "follower", "the node 400 ms behind to queue")
         chaos.wait_pool(60)
         info = chaos.info()
