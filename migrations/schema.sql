@@ -710,7 +710,7 @@ BEGIN
             USING ERRCODE = 'AL102';
     END IF;
 
-    -- The clock rule (DESIGN section 5): the database clock is the reference.
+    -- The clock rule (docs/design.md §5): the database clock is the reference.
     db_now := clock_timestamp();
     now_ms := floor(extract(epoch FROM db_now) * 1000)::bigint;
     IF mark.last_id >= 0 AND mark.marked_at IS NOT NULL THEN

@@ -444,9 +444,9 @@ def test_0011_expands_only_grants_each_role_its_part_and_downgrades_to_0010_exac
 def test_0012_repoints_the_schema_comment_to_docs_design_and_changes_nothing_else(
     empty_db_url: str,
 ) -> None:
-    """Comments only: the whole dump at 0012 differs from 0011's in the schema's comment
-    alone, no comment cites the shared folder's DESIGN.md any more, and the downgrade
-    restores 0011's dump exactly."""
+    """Comments only: the whole dump at 0012 differs from 0011's in the schema's comment and
+    one comment line inside cut_blocks' body alone, nothing in the schema cites the shared
+    folder's DESIGN.md any more, and the downgrade restores 0011's dump exactly."""
     config = migrate._alembic_config(empty_db_url)
     bin_dir = postgres.find_bin_dir()
     command.upgrade(config, "0011")
@@ -455,9 +455,12 @@ def test_0012_repoints_the_schema_comment_to_docs_design_and_changes_nothing_els
     after = schema_snapshot.pg_dump(bin_dir, empty_db_url).splitlines()
     changed = [line for line in difflib.ndiff(before, after) if line[:1] in "+-"]
     comment = "COMMENT ON SCHEMA allocator IS 'Snowflake ID block allocator"
+    clock_rule = "    -- The clock rule"
     assert changed == [
         f"- {comment} (see DESIGN.md section 6)';",
         f"+ {comment} (see docs/design.md §6)';",
+        f"- {clock_rule} (DESIGN section 5): the database clock is the reference.",
+        f"+ {clock_rule} (docs/design.md §5): the database clock is the reference.",
     ]
     with psycopg.connect(empty_db_url) as conn:
         citing = conn.execute(
@@ -468,5 +471,11 @@ def test_0012_repoints_the_schema_comment_to_docs_design_and_changes_nothing_els
             "  UNION SELECT oid FROM pg_proc WHERE pronamespace = 'allocator'::regnamespace)"
         ).fetchone()
     assert citing == (0,)
+    with psycopg.connect(empty_db_url) as conn:
+        bodies = conn.execute(
+            "SELECT count(*) FROM pg_proc WHERE pronamespace = 'allocator'::regnamespace"
+            " AND prosrc ~ 'DESIGN|shared folder'"
+        ).fetchone()
+    assert bodies == (0,)
     command.downgrade(config, "0011")
     assert schema_snapshot.pg_dump(bin_dir, empty_db_url).splitlines() == before
