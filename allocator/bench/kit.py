@@ -78,7 +78,9 @@ def embedded_cluster(
 def bench_server(
     url: str | None, state_dir: Path, keep: bool
 ) -> Iterator[tuple[Server, dict[str, Any]]]:
-    """The server to bench on: ``url``, or the embedded cluster (no node)."""
+    """The server to bench on: ``url`` (a superuser URL: the bench makes databases of its
+    own there), or the embedded cluster with no node (the bench is the only leader: nobody
+    cuts or requeues behind its back)."""
     if url:
         yield Server(superuser_url=url), dict(NOT_EMBEDDED)
         return

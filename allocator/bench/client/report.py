@@ -1,6 +1,6 @@
 """What ``allocator bench client`` reports: the JSON document and the table.
 
-Rules: the JSON holds the run's settings, every throughput run, the latency run (with its
+The JSON holds the run's settings, every throughput run, the latency run (with its
 noise floor) and the machine; the table shows the same. Timings are reported, never judged.
 """
 

@@ -1,6 +1,6 @@
 """The results of ``allocator bench client``: one throughput run, and the latency run.
 
-Rules: plain data, written to the JSON as they are (``dataclasses.asdict``).
+Plain data, written to the JSON as they are (``dataclasses.asdict``).
 """
 
 from __future__ import annotations

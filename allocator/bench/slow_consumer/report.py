@@ -1,6 +1,6 @@
 """What ``allocator bench slow-consumer`` reports: the JSON document and the table.
 
-Rules: every measure's first and last window, their ratios, the held claim's fate, the
+Every measure's first and last window, their ratios, the held claim's fate, the
 profile along the run and the machine's load in each window; the target
 (:data:`TARGET_P99_RATIO`) is printed next to the ratios, marked met or MISSED, never judged.
 """
