@@ -75,8 +75,8 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        """The verdict holds and the resources stayed in bound (a soak's bound failing, or no
-        node living long enough to be judged, fails the run)."""
+        """The verdict holds and the resources stayed in bound (on a soak, a node past the
+        bound or any node not judged fails the run)."""
         verdict_ok = bool(self.document.get("verdict", {}).get("ok", False))
         return verdict_ok and self.resources_ok
 

@@ -231,7 +231,8 @@ def judge(
     ``ok`` when no node's growth exceeds ``bound`` in any resource (strictly greater fails;
     equal passes); each node and resource over it is one line of ``problems``, naming the
     incarnation (pid) and its window. A node with no judged incarnation is listed in
-    ``not_judged``, has no ``growth`` entry and does not fail the run by itself."""
+    ``not_judged``, has no ``growth`` entry and does not make ``ok`` false (the drill's
+    plan fails a soak on it all the same)."""
     bound = bound or Bound()
     nodes = log.nodes()
     growth: dict[str, dict[str, float | int]] = {}
