@@ -38,6 +38,8 @@ class DrillError(AllocatorError):
 
 @dataclass(frozen=True)
 class FenceState:
+    """The fence row: the epoch, and the node and pid that hold it (None: nobody)."""
+
     epoch: int
     holder: str | None
     pid: int | None

@@ -115,6 +115,7 @@ class Fault:
 
     @property
     def healed(self) -> bool:
+        """Nothing to heal, or healed already."""
         return self.heal is None or self.healed_at is not None
 
 

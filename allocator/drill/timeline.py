@@ -23,6 +23,8 @@ JOIN_TIMEOUT_S: Final = 10.0
 
 @dataclass
 class Sample:
+    """One sample of the timeline: pool level, claims so far and their rate, who served."""
+
     t_s: float
     available_blocks: int | None
     claims: int
@@ -41,6 +43,8 @@ class Sample:
 
 @dataclass
 class FaultMark:
+    """A fault on the timeline: when it was injected and healed, its handover and outcome."""
+
     scenario: str
     round: int
     at_s: float

@@ -262,6 +262,7 @@ class Runtime:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Runtime:
+        """The report read back; ValueError for another ``version``."""
         if raw.get("version") != RUNTIME_VERSION:
             raise ValueError(f"unknown nodes.json version {raw.get('version')!r}")
         return cls(

@@ -43,6 +43,7 @@ def document(
 def table(
     document: dict[str, Any], results: list[ThroughputResult], latency: LatencyResult
 ) -> Iterator[str]:
+    """The table's lines: the settings, each throughput run, the latency run and its floor."""
     sizes = "/".join(str(size) for size in document["block_sizes"]) or "?"
     load = document["machine"]["loadavg_before"][0]
     yield (

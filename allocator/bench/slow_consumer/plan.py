@@ -31,6 +31,7 @@ class Plan:
     revisions: tuple[str, ...] = (HEAD, OLD_REVISION)
 
     def warmup_claims(self) -> int:
+        """Claims before the held one: ``warmup``, or twice the pool."""
         return 2 * self.pool_blocks if self.warmup is None else self.warmup
 
     def per_client(self) -> int:

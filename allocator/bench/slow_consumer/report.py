@@ -57,6 +57,8 @@ def document(
 
 
 def table(document: dict[str, Any], results: list[RunResult]) -> Iterator[str]:
+    """The table's lines: each run's windows and ratios beside the target, the held claim's
+    fate, the profile and the machine's load."""
     plan, machine = document["plan"], document["machine"]
     yield (
         f"allocator bench slow-consumer: one claim held open across {plan['claims']:,} claims "

@@ -35,6 +35,7 @@ class Measure:
 
     @classmethod
     def of(cls, first_us: list[int], last_us: list[int]) -> Measure:
+        """From the latencies (µs) of the first and the last window."""
         first, last = _window(first_us), _window(last_us)
         return cls(
             first=first,
@@ -118,6 +119,7 @@ class Spans:
         return total - window, total
 
     def measures(self, window: int) -> dict[str, Measure]:
+        """Each reported measure over the first and the last ``window`` claims."""
         (first, _), (last, _) = self.span(0, window), self.span(*self.ends(window))
         return {name: Measure.of(first[name], last[name]) for name in REPORTED}
 
