@@ -1,11 +1,5 @@
-"""What every ``allocator bench`` command shares: the embedded cluster it brings up and
-stops (or the given database), progress lines, SIGTERM as an interrupt, the machine's
-description, and writing and showing the JSON (named with a UTC timestamp).
-
-Rules: the embedded cluster is started here and stopped here (by pid, through
-:meth:`LocalCluster.down`) unless ``keep``; a second SIGTERM during that cleanup is
-ignored. The JSON's ``cluster`` object says whether it was started and stopped, and lists
-the pids the cluster ran. Progress goes to stderr, results to stdout.
+"""What every ``allocator bench`` command shares: the embedded cluster it brings up and stops
+(or the given database), progress lines on stderr, the machine's description and the JSON.
 """
 
 from __future__ import annotations
@@ -35,6 +29,7 @@ def progress(message: str) -> None:
 
 
 def timestamp() -> str:
+    """Now in UTC, as the JSON file's name carries it (``20261203T142501Z``)."""
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
@@ -43,7 +38,11 @@ def embedded_cluster(
     state_dir: Path, keep: bool, *, nodes: int = 0, node_env: Mapping[str, str] | None = None
 ) -> Iterator[tuple[ClusterInfo, dict[str, Any]]]:
     """One ZooKeeper server, PostgreSQL (migrated) and ``nodes`` nodes in ``state_dir``;
-    yields the cluster's info and the JSON describing it (completed as it stops)."""
+    yields the cluster's info and the JSON describing it (completed as it stops).
+
+    Started here and stopped here (by pid, through :meth:`LocalCluster.down`) unless
+    ``keep``; a second SIGTERM during that cleanup is ignored. The JSON says whether the
+    cluster was started and stopped, and lists the pids it ran."""
     cluster = LocalCluster(state_dir, zk_servers=1, nodes=nodes, node_env=node_env)
     info_json: dict[str, Any] = {"state_dir": str(cluster.state_dir), "started": False}
     came_up = False
@@ -79,7 +78,9 @@ def embedded_cluster(
 def bench_server(
     url: str | None, state_dir: Path, keep: bool
 ) -> Iterator[tuple[Server, dict[str, Any]]]:
-    """The server to bench on: ``url``, or the embedded cluster (no node)."""
+    """The server to bench on: ``url`` (a superuser URL: the bench makes databases of its
+    own there), or the embedded cluster with no node (the bench is the only leader: nobody
+    cuts or requeues behind its back)."""
     if url:
         yield Server(superuser_url=url), dict(NOT_EMBEDDED)
         return

@@ -1,11 +1,5 @@
 """Where a bench connects (:class:`Server`), the databases it makes there, and the numbers
 every bench computes the same way.
-
-Rules: the superuser URL is only used for the bench's own databases (created and dropped by
-name, never the allocator's); claims log in as a role granted ``allocator_consumer`` (the
-embedded ``allocator_app``) or as the superuser with ``role=allocator_consumer``.
-Percentiles are nearest-rank. A server that cannot be reached is one error line, as for
-every command.
 """
 
 from __future__ import annotations
@@ -48,7 +42,10 @@ class BenchError(AllocatorError):
 
 @dataclass
 class Server:
-    """Where the bench connects: the superuser URL, and how claim_blocks logs in."""
+    """Where the bench connects: the superuser URL, and how claim_blocks logs in.
+
+    The superuser URL is only used for the bench's own databases (created and dropped by
+    name, never the allocator's)."""
 
     superuser_url: str
     consumer_url: str | None = None
@@ -57,20 +54,25 @@ class Server:
     pgbench: Path = field(default_factory=lambda: find_pgbench())
 
     def url(self, database: str) -> str:
+        """The superuser URL of ``database``."""
         return with_database(self.superuser_url, database)
 
     def claim_conninfo(self, database: str) -> tuple[str, dict[str, str]]:
+        """How claims log in to ``database``: the consumer URL, or the superuser with
+        ``role=allocator_consumer`` (in ``PGOPTIONS``); the URL and the extra environment."""
         if self.consumer_url:
             return with_database(self.consumer_url, database), {}
         return self.url(database), {"PGOPTIONS": f"-c role={CONSUMER_GROUP}"}
 
     def claim_role(self) -> str:
+        """Who claims, for the report."""
         if self.consumer_url:
             return urlsplit(self.consumer_url).username or "?"
         return f"{urlsplit(self.superuser_url).username} as {CONSUMER_GROUP}"
 
 
 def find_pgbench() -> Path:
+    """The embedded PostgreSQL's pgbench, else the one on PATH (PrerequisiteError if none)."""
     try:
         from allocator.local import postgres
 
@@ -85,6 +87,7 @@ def find_pgbench() -> Path:
 
 
 def with_database(url: str, database: str) -> str:
+    """``url`` naming ``database`` instead."""
     parts = urlsplit(url)
     return urlunsplit(parts._replace(path=f"/{database}"))
 
@@ -99,6 +102,7 @@ def admin(server: Server) -> psycopg.Connection[tuple[Any, ...]]:
 
 
 def drop_database(server: Server, name: str) -> None:
+    """Drops one of the bench's own databases, forcing its sessions out; none is fine."""
     with admin(server) as conn:
         conn.execute(
             sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
@@ -106,6 +110,7 @@ def drop_database(server: Server, name: str) -> None:
 
 
 def server_settings(server: Server) -> dict[str, str]:
+    """The server settings a report shows (:data:`SERVER_SETTINGS`)."""
     with admin(server) as conn:
         return {
             name: str(row[0])

@@ -1,6 +1,6 @@
 """What every bench stocks a pool with: the layout, the epoch and the fenced SQL calls.
 
-Rules: blocks reach a bench database only through the fenced functions, as a leader would
+Blocks reach a bench database only through the fenced functions, as a leader would
 (``take_fence`` once, then ``cut_blocks``), with the default layout at datacenter 0; both
 SQL calls live here, in one named place.
 """

@@ -1,12 +1,6 @@
-"""``allocator alerts render``: the alert rules with their runbook links pointing at your
-copy of the runbook.
-
-Rules: reads a rules file (deploy/prometheus/allocator-alerts.yml) or the PrometheusRule
-generated from it (deploy/k8s/prometheusrule.yaml); rewrites every ``runbook_url`` to
-``--runbook-base`` plus the alert's anchor (:mod:`allocator.alert_rules`), changing nothing
-else; prints the result, or replaces ``--output`` with it atomically (the input may be the
-output). A runbook URL that is not an absolute http(s) URL, a file that holds no alert
-rules or cannot be read or written: one line on stderr, exit 64.
+"""``allocator alerts render``: the alert rules with their runbook links pointing at your copy
+of the runbook; every ``runbook_url`` is rewritten (:mod:`allocator.alert_rules`) and nothing
+else changes.
 """
 
 from __future__ import annotations
@@ -74,7 +68,7 @@ def render(rules: Path, runbook_base: str, output: Path | None) -> None:
         click.echo(rendered, nl=False)
         return
     try:
-        files.write_atomic(output, rendered.encode("utf-8"))
+        files.write_atomic(output, rendered.encode("utf-8"))  # the input may be the output
     except OSError as exc:
         raise UsageError(f"--output {output}: cannot write it ({exc.strerror or exc})") from None
 

@@ -1,10 +1,6 @@
-"""``allocator bench``: the benchmark group; each bench registers its own command on it.
-
-Rules: ``bench`` is a plain click group extended by ``bench_claims``, ``bench_client`` and
-``bench_slow_consumer`` (``@bench.command(...)`` in their own module);
-``allocator.commands`` registers the group once. The benches themselves live in
-:mod:`allocator.bench`; what of them is the command's (SIGTERM as Ctrl-C, printing the
-result) is here.
+"""``allocator bench``: the benchmark group; each bench registers its own command on it
+(``bench_claims``, ``bench_client``, ``bench_slow_consumer``). The benches live in
+:mod:`allocator.bench`; what of them is the command's (SIGTERM as Ctrl-C, printing) is here.
 """
 
 from __future__ import annotations

@@ -1,21 +1,5 @@
 """``allocator bench claims``: claim_blocks next to SKIP LOCKED, a segment, nextval and the
-server's fastest durable commit.
-
-Rules:
-
-- A thin click wrapper: options parsed here, the bench in :mod:`allocator.bench.claims`
-  (what is measured and how: :mod:`allocator.bench.claims.runner`).
-- Database: ``--database-url`` (a superuser URL: the bench creates and drops databases of
-  its own there), or, without it, the embedded cluster in ``--state-dir`` (1 ZooKeeper
-  server, no node: nobody cuts or requeues behind the bench's back), brought up here and
-  stopped (by pid, through :class:`~allocator.local.cluster.LocalCluster`) at the end unless
-  ``--keep``.
-- Output: a table on stdout (``--json``: the JSON instead), the JSON (DESIGN §10 keys, plus
-  ``batch``, ``ratio_vs``, ``prior_claims`` and more) written to ``--json-out`` (default
-  ``<state-dir>/bench-claims-<UTC time>.json``). Progress goes to stderr. Timings are
-  reported next to the issue's targets, never judged; the machine's load is recorded.
-- ``--duration`` is each measured run's length, whole seconds with a unit (``10s``,
-  ``1m``: pgbench's ``-T``); the old ``--seconds`` (a number) still works and warns.
+server's fastest durable commit; a thin click wrapper over :mod:`allocator.bench.claims`.
 """
 
 from __future__ import annotations

@@ -1,20 +1,5 @@
-"""``allocator bench client``: IdClient's throughput and latency against a real pool.
-
-Rules:
-
-- A thin click wrapper: options parsed here, the bench in :mod:`allocator.bench.client`
-  (what is measured and how: :mod:`allocator.bench.client.runner`).
-- Database: ``--database-url`` of a running allocator (a role granted
-  ``allocator_consumer``; its leader must keep the pool stocked), or, without it, the
-  embedded cluster in ``--state-dir`` (default ``.run/bench``: 1 ZooKeeper server, 1 node
-  whose ``pool.min_blocks`` is ``--pool-blocks``), brought up here and stopped (by pid,
-  through :class:`~allocator.local.cluster.LocalCluster`) at the end unless ``--keep``.
-  Either way the run starts once ``allocator.pool_status`` shows ``--pool-blocks`` blocks.
-- Output: a table on stdout (``--json``: the JSON instead), the JSON written to
-  ``--json-out`` (default ``<state-dir>/bench-client-<UTC time>.json``). Progress goes to
-  stderr. Timings are reported, never judged; the machine's load is recorded with them.
-- ``--duration`` is each run's length (``5s``, ``500ms``); the old ``--seconds`` (a number)
-  still works and warns.
+"""``allocator bench client``: IdClient's throughput and latency against a real pool; a thin
+click wrapper over :mod:`allocator.bench.client`.
 """
 
 from __future__ import annotations

@@ -1,22 +1,5 @@
-"""``allocator bench slow-consumer``: one claim held open across many claims, measured.
-
-Rules:
-
-- A thin click wrapper: options parsed here, the bench in
-  :mod:`allocator.bench.slow_consumer` (what is measured and how:
-  :mod:`allocator.bench.slow_consumer.runner`).
-- Database: ``--database-url`` (a superuser URL: the bench creates and drops a database of
-  its own there), or, without it, the embedded cluster in ``--state-dir`` (1 ZooKeeper
-  server, no node: the bench is the only leader), brought up here and stopped (by pid,
-  through :class:`~allocator.local.cluster.LocalCluster`) at the end unless ``--keep``.
-- ``--compare`` (the default) runs the same experiment a second time on a database
-  migrated only to 0003, the functions before held tickets, to show what they cost.
-- Output: a table on stdout (``--json``: the JSON instead), the JSON written to
-  ``--json-out`` (default ``<state-dir>/bench-slow-consumer-<UTC time>.json``). Progress
-  goes to stderr. Timings are reported next to the target, never judged; the machine's
-  load is recorded with them.
-- ``--status-every`` takes a number with a unit (``100ms``, ``1s``); the old
-  ``--status-every-ms`` (a number) still works and warns.
+"""``allocator bench slow-consumer``: one claim held open across many claims, measured; a thin
+click wrapper over :mod:`allocator.bench.slow_consumer`.
 """
 
 from __future__ import annotations

@@ -1,30 +1,5 @@
-"""``allocator claim``: claim ID blocks from a shell or a script, in one SQL call.
-
-Rules:
-
-- One ``allocator.claim_blocks(consumer, count)`` call over a short-lived connection
-  (:func:`allocator.client.claim_once`); the blocks are durably claimed when it returns
-  and belong to ``--consumer`` for good: nothing hands them back, so claim only what you
-  will use.
-- The database URL is the application's: a login role granted ``allocator_consumer``
-  (``allocator_app`` in the embedded cluster and the compose kit), from ``--database-url``
-  or ``--database-url-file``, or their variables ``ALLOCATOR_CLAIM_DATABASE_URL`` /
-  ``ALLOCATOR_CLAIM_DATABASE_URL_FILE`` (``allocator local env`` exports the first). Never
-  the config's ``postgres.url``: that is the nodes' role, which may not call
-  ``claim_blocks``; with no URL given, claim is a configuration error (78) saying where to
-  put one. A URL with a password is refused on the command line
-  (:mod:`allocator.commands.options`). The configuration (file, ``ALLOCATOR_*``,
-  ``--set``) still gives the connect and statement timeouts.
-- Output: one line per block, ``block_id first_id last_id`` (inclusive), oldest first; or,
-  with ``--json``, ``{"consumer", "requested", "blocks": [{"block_id", "first_id",
-  "last_id", "size"}]}``. When the pool runs short the call returns fewer blocks than asked
-  (exit 0, a note on stderr).
-- Exit status (rows of :mod:`allocator.core.exits`): 0 claimed at least one block; 64 bad
-  arguments (``--count`` outside 1..1000, a consumer name the database refuses:
-  AL001/AL002); 75 (EX_TEMPFAIL) the pool is empty (AL003), claims are paused by an
-  operator (AL004) or PostgreSQL is unreachable, retry later; 78 bad configuration, no
-  application URL, or a login PostgreSQL refuses (the role named); 1 any other error.
-  Errors are one line on stderr.
+"""``allocator claim``: claim ID blocks from a shell or a script, in one SQL call, as the
+application's login role (docs/design.md §7). The exit codes are the command's epilog.
 """
 
 from __future__ import annotations
@@ -43,6 +18,9 @@ from allocator.core.errors import ConfigError
 from allocator.core.exits import Exit
 from allocator.local.client_env import CLAIM_URL_ENV
 
+# The URL is the application's: a login role granted allocator_consumer (allocator_app in
+# the embedded cluster and the compose kit), never the config's postgres.url, the nodes' role,
+# which may not call claim_blocks. With none given, claim is a configuration error (78).
 NO_URL = (
     f"no database URL for claim: set {CLAIM_URL_ENV} (or {CLAIM_URL_ENV}_FILE), or pass "
     "--database-url or --database-url-file, with a login role granted allocator_consumer "
@@ -101,8 +79,11 @@ def claim(
     check_consumer(consumer)
     if not database_url:
         raise ConfigError(NO_URL)
-    # The application's URL replaces the nodes' for this command: checked by the same rules.
+    # The application's URL replaces the nodes' for this command: checked by the same rules;
+    # the configuration (file, ALLOCATOR_*, --set) still gives the timeouts.
     config = config_mod.load_from_options(config_path, set_pairs, {"postgres.url": database_url})
+    # One claim_blocks call on a short-lived connection: the blocks are durably claimed when it
+    # returns and belong to the consumer for good (nothing hands them back).
     blocks = claim_once(
         config.postgres.url.get_secret_value(),
         consumer,
@@ -119,7 +100,7 @@ def claim(
         }
         click.echo(json.dumps(document))
     else:
-        for block in blocks:
+        for block in blocks:  # oldest first; first_id and last_id inclusive
             click.echo(f"{block.block_id} {block.first_id} {block.last_id}")
     if len(blocks) < count:
         click.echo(f"note: claimed {len(blocks)} of {count} blocks: the pool ran short", err=True)

@@ -1,17 +1,6 @@
-"""``allocator config check``: validate the configuration and show what is in effect.
-
-Rules: the output is the *effective* configuration (defaults, file, ``ALLOCATOR_*``
-variables and ``--set`` flags merged) with secrets masked; it never prints a secret. An
-invalid configuration exits 78 (EX_CONFIG) and lists every problem on stderr, one line each,
-naming its key, value and source (other commands show the same as a single line); with
-``--json`` stdout also gets ``{"valid": false, "errors": [...]}``. A file that cannot be
-read, or a malformed ``--set``, is one error line as usual. ``--database`` also connects to
-``postgres.url`` (the only check that does) and treats standbys that no commit waits for as
-a problem (exit 78) unless ``postgres.allow_async_replication`` is set, which is always
-warned about; a database it cannot reach is a problem that exits 75 (retry later), one that
-refuses the login 78 (the role named), as for every command. A configuration without
-``zookeeper.auth`` gets a warning line: with ``zookeeper.insecure`` that a node would run
-without ZooKeeper ACLs, without it that ``allocator run`` refuses to start.
+"""``allocator config check``: validate the configuration and show the *effective* one
+(defaults, file, ``ALLOCATOR_*`` and ``--set`` merged) with secrets masked; it never prints a
+secret. ``--database`` is the only check that connects (to ``postgres.url``).
 """
 
 from __future__ import annotations
@@ -83,6 +72,8 @@ def check(
     try:
         loaded = config_mod.load_from_options(config_path, set_pairs)
     except InvalidConfigError as exc:
+        # Every problem, one line each on stderr, naming key, value and source (other
+        # commands show the same as one line); --json also puts them on stdout.
         if as_json:
             click.echo(json.dumps({"valid": False, "errors": list(exc.problems)}, indent=2))
         count = len(exc.problems)
@@ -143,7 +134,10 @@ def _replication_findings(
     loaded: config_mod.Config, probe_database: bool
 ) -> tuple[list[str], list[str], Replication | None, AllocatorError | None]:
     """(warnings, problems, the database's replication if probed, the error that kept it
-    from being probed: its exit code is the command's)."""
+    from being probed: its exit code is the command's, 75 unreachable or 78 login refused).
+
+    Standbys that no commit waits for are a problem (exit 78) unless
+    ``postgres.allow_async_replication`` is set, which is always warned about."""
     allowed = loaded.postgres.allow_async_replication
     warnings = []
     if allowed:

@@ -1,10 +1,5 @@
-"""``allocator decode ID``: show the fields of a Snowflake ID under the configured layout.
-
-Rules: the ID is validated before the configuration is loaded, so a bad ID is reported as
-such (non-integer, negative, larger than 2^63-1: one line, exit 64). A leading ``-`` is read
-as part of the ID, not as a flag, so ``decode -5`` reports a negative ID. The time shown is
-when the ID's block was cut, not when the ID was handed out. ``--json`` prints exactly the
-stable keys of DESIGN §10.
+"""``allocator decode ID``: show the fields of a Snowflake ID under the configured layout;
+``--json`` prints exactly the stable keys of docs/design.md §10.
 """
 
 from __future__ import annotations
@@ -22,6 +17,7 @@ from allocator.core.exits import Exit
 
 @click.command(
     "decode",
+    # A leading "-" is part of the ID, not a flag: `decode -5` reports a negative ID.
     context_settings={"ignore_unknown_options": True},
     epilog=exit_codes(
         (Exit.OK, "decoded"),
@@ -38,7 +34,7 @@ def decode(
     snowflake_id: str, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
 ) -> None:
     """Decode ID into its time (UTC, when its block was cut), datacenter, lane and sequence."""
-    value = layout.parse_id(snowflake_id)
+    value = layout.parse_id(snowflake_id)  # before the config: a bad ID is reported as such
     loaded = config_mod.load_from_options(config_path, set_pairs)
     fields = loaded.layout.decode(value).to_json()
     if as_json:

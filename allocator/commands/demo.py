@@ -1,19 +1,6 @@
-"""``allocator demo``: what ``make demo`` runs — the whole system, a failover, a summary.
-
-Rules: uses the one cluster manager (:class:`LocalCluster`) in its own state folder, so it
-never touches a cluster started with ``allocator local up``; always stops every process it
-started, by pid, on success, on error, on Ctrl-C and on SIGTERM (``--keep`` leaves it up on
-purpose). Prints what happens and how long it took; asserts nothing about speed.
-``--phase`` takes a number with a unit (``6s``); the old ``--phase-s`` (a number of
-seconds, ``ALLOCATOR_DEMO_PHASE_S``) still works and warns.
-
-The story: 3 ZooKeeper servers, PostgreSQL and 3 nodes come up; one node is elected and
-fills the pool; a consumer claims blocks with one SQL call (as the ``allocator_app`` role)
-while a live view shows the leader, the queue and the pool; midway the leader is SIGKILLed,
-the view shows the handover; the summary counts blocks claimed, the handover time, claim
-errors and the violations the one invariant checker (:mod:`allocator.core.verify`, the drill's and
-the chaos suite's too) finds in the consumer's records and the database: 0, each named if
-not, and then the demo exits non-zero (:class:`DemoError`) after stopping everything.
+"""``allocator demo``: what ``make demo`` runs — the whole system, a failover, a summary. It uses
+the one cluster manager in its own state folder (never a cluster of ``allocator local up``),
+prints what happens and how long it took, and asserts nothing about speed.
 """
 
 from __future__ import annotations
@@ -102,6 +89,8 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 )
 def demo(state_dir: Path, zk_servers: int | None, phase_s: float, keep: bool) -> None:
     """Run the embedded cluster with 3 nodes, fail the leader over, and stop it all."""
+    # Every process it started is stopped, by pid, on success, error, Ctrl-C and SIGTERM;
+    # --keep leaves the cluster up on purpose.
     signal.signal(signal.SIGTERM, _on_sigterm)
     logging.getLogger("kazoo").setLevel(logging.ERROR)
     # The consumer claims ~100 blocks/s from a cold start, before the leader has seen any
@@ -148,6 +137,10 @@ def _story(
     zk: KazooClient,
     phase_s: float,
 ) -> None:
+    """The story: a leader fills the pool; a consumer claims (one SQL call, as
+    ``allocator_app``) under a live view; the leader is SIGKILLed; the summary counts blocks,
+    the handover time, claim errors and the checker's violations (each named, and then
+    :class:`DemoError`, after everything is stopped)."""
     leader, epoch = _wait_for_leader(admin, None)
     _step(f"elected: {leader} (fence epoch {epoch}); it fills the pool")
     _wait_for_pool(admin)
@@ -260,6 +253,7 @@ def _step(message: str) -> None:
 
 
 def _stop(cluster: LocalCluster) -> None:
+    """Stops the cluster by pid and says which pids it stopped and how many are left."""
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second TERM must not cut the cleanup short
     _step("stopping every process the demo started")
     started: list[int] = []

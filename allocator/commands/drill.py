@@ -1,17 +1,6 @@
-"""``allocator drill``: failover rehearsals, measured and judged (DESIGN §9, §10).
-
-Rules: a thin wrapper over :mod:`allocator.drill.plan` (which cluster, which scenarios) —
-options in, a table or JSON out. The JSON always goes to ``--json-out`` (default
-``<state-dir>/drill-<UTC time>.json``); ``--json`` prints it instead of the table;
-``--report DIR`` also writes ``drill.json``, ``drill.md`` and ``drill.png`` there. With one
-scenario the JSON carries that scenario's keys at the top (DESIGN §10). Progress lines go
-to stderr. Exit status: 0 when every round passed, no violation was found and (a soak)
-no node grew past the bound; 1 otherwise, with the table and files still written; 64 for a
-refused request (a scenario the target cannot run). ``--duration`` and
-``--session-timeout`` take a number with a unit (``90s``, ``2h``); the old spellings (a bare
-number of seconds, ``ALLOCATOR_DRILL_DURATION_S``, ``--session-timeout-ms``) still work and
-warn (:func:`allocator.commands.options.duration_option`). SIGTERM is handled like Ctrl-C: the
-drill heals what it broke and stops its own cluster before it exits.
+"""``allocator drill``: failover rehearsals, measured and judged (docs/design.md §9, §10); a thin
+wrapper over :mod:`allocator.drill.plan`, options in, a table or JSON out. Progress lines go
+to stderr.
 """
 
 from __future__ import annotations
@@ -48,6 +37,7 @@ OLD_DURATION_ENV = "ALLOCATOR_DRILL_DURATION_S"
 
 
 def _on_sigterm(signum: int, frame: FrameType | None) -> None:
+    """SIGTERM as Ctrl-C: the drill heals what it broke and stops its own cluster first."""
     raise KeyboardInterrupt
 
 
@@ -176,6 +166,9 @@ def drill(
         raise click.Abort from None
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # The JSON is always written (--json prints it instead of the table); with one scenario
+    # it carries that scenario's keys at the top (docs/design.md §10). A failed run exits 1
+    # with the table and files still written.
     home = against or state_dir
     out = json_out or home / f"drill-{datetime.now(UTC).strftime('%Y%m%dT%H%M%SZ')}.json"
     output.write_json(out, outcome.document)

@@ -1,20 +1,6 @@
-"""``allocator fence rebase`` and ``allocator fence status``: the operator's side of the fence.
-
-The procedure is :mod:`allocator.fence.rebase` (its rules: the order of the steps, what is
-refused); this module parses the options, asks on a terminal and prints.
-
-- Confirmation: ``--yes``, or an answer on a terminal after the plan is shown; without a
-  terminal and without ``--yes`` the command refuses before it connects to anything.
-  Neither ``--yes`` nor ``--reason`` can come from an ``ALLOCATOR_*`` variable (a person
-  types each time; the reason is the audit record's why, so a stale one must not linger
-  in an environment). The reason is checked here (1..1000 characters, not only blanks).
-- The database URL is ``--database-url`` (``ALLOCATOR_FENCE_REBASE_DATABASE_URL``) or
-  ``--database-url-file``, else ``postgres.url``: a login role granted
-  ``allocator_operator``, which the audit records. A URL with a password is refused on the
-  command line (:mod:`allocator.commands.options`).
-- Output: what happened, for people; ``--json`` for machines. Errors: one line, no
-  traceback, the error's exit code (64 refused or bad reason, 75 a server unavailable, 78
-  a database below the watermark or a login refused).
+"""``allocator fence rebase`` and ``allocator fence status``: the operator's side of the fence
+(docs/design.md §3). The procedure is :mod:`allocator.fence.rebase`; this module parses the
+options, asks on a terminal and prints.
 """
 
 from __future__ import annotations
@@ -84,8 +70,11 @@ def rebase_command(
     Refuses a database below ZooKeeper's watermark (restored, or failed over with lost
     commits): that one needs `allocator pool reset --after-restore`.
     """
+    # Both before anything connects: the reason (1..1000 characters, not only blanks), and
+    # --yes or a terminal to ask on once the plan is shown.
     check_reason(reason, "the fence is re-based")
     options.check_confirmable(yes, "fence rebase changes the token every node is checked against")
+    # A login role granted allocator_operator, which the audit records.
     flags = {"postgres.url": database_url} if database_url else {}
     config = config_mod.load_from_options(config_path, set_pairs, flags)
     url = config.postgres.url.get_secret_value()

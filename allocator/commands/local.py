@@ -1,26 +1,7 @@
-"""``allocator local``: the embedded cluster (ZooKeeper ensemble, PostgreSQL, nodes on 127.0.0.1).
-
-Rules: a thin layer over :class:`allocator.local.cluster.LocalCluster`; every subcommand
-takes ``--state-dir`` (default ``.run``, env ``ALLOCATOR_LOCAL_STATE_DIR``), so several
-clusters run side by side and any shell can inspect or stop one. ``up`` and ``status`` print
-a short table, or with ``--json`` one object with DESIGN §10's keys; every other action
-prints a line, or with ``--json`` one object (``action``, ``state_dir`` and what it did).
-``env`` prints the ``ALLOCATOR_*`` exports that point ``status``, ``watch``, ``claim`` and
-``step-down`` at the cluster (:mod:`allocator.local.client_env`). Nothing prints a secret:
-the cluster's URLs carry no password (``trust`` on loopback), the nodes' admin token and
-ZooKeeper identity stay in ``<state>/cluster.json`` (mode 0600: ``admin_token``,
-``zk_auth``) and in ``<state>/secrets/`` (one file each, mode 0600), which ``env`` exports
-as paths (``ALLOCATOR_NODE_ADMIN_TOKEN_FILE``, ``ALLOCATOR_ZOOKEEPER_AUTH_FILE``). ``up
---node-env`` refuses a secret variable on the command line; ``down --purge`` and ``up
---node-command`` are never read from the environment (:mod:`allocator.commands.options`).
-``up`` runs 3 nodes for a new cluster (``--nodes``; as recorded for an existing one). The
-drill commands act on one process by its recorded pid: ``zk-stop``/``zk-start``,
-``pg-stop``/``pg-start``, ``node-stop``/``node-start`` (through the node supervisor, which
-then neither restarts nor forgets the node) and ``node-signal``. ``up --tick`` and ``up
---session-timeout`` take a number with a unit (``200ms``, ``4s``); ``--tick-ms`` and
-``--session-timeout-ms`` (and their variables) still work and warn. Errors are
-:class:`allocator.core.errors.AllocatorError` subclasses: one line, non-zero exit; each
-command's ``--help`` lists its exit codes.
+"""``allocator local``: the embedded cluster (ZooKeeper ensemble, PostgreSQL, nodes on 127.0.0.1),
+a thin layer over :class:`allocator.local.cluster.LocalCluster` (docs/design.md §8). Every
+subcommand takes ``--state-dir``, so several clusters run side by side; nothing prints a
+secret (the URLs carry none, ``env`` exports the secrets as file paths).
 """
 
 from __future__ import annotations
@@ -433,6 +414,7 @@ def _done(as_json: bool, text: str, action: str, cluster: LocalCluster, **facts:
 
 
 def _exit_text(node: NodeInfo) -> str:
+    """``last exit 3``, ``last exit SIGKILL`` or ``no exit recorded``."""
     code = node.last_exit_code
     if code is None:
         return "no exit recorded"
@@ -456,6 +438,8 @@ def _yes_no(value: bool | None) -> str:
 
 
 def _emit(info: ClusterInfo, as_json: bool) -> None:
+    """What ``up`` and ``status`` print: the table, or one object with docs/design.md §10's
+    keys (the admin token and ZooKeeper identity are never in it)."""
     if as_json:
         click.echo(json.dumps(info.to_json(), indent=2))
         return

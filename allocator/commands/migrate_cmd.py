@@ -1,17 +1,7 @@
-"""``allocator migrate``: bring the database schema to the newest revision.
-
-Rules: the database URL is the config's ``postgres.url`` (file, ``ALLOCATOR_POSTGRES_URL``),
-or ``--database-url`` / ``ALLOCATOR_MIGRATE_DATABASE_URL`` / ``--database-url-file``, which
-win; it must be a role allowed to create the schema and roles: a superuser, or a CREATEROLE
-login that is (or may become) a member of ``allocator_owner``, the NOLOGIN role that owns the
-schema (docs/sql.md, "Who runs the migrations"); never ``allocator_node``. A URL with a
-password is refused on the command line (see :mod:`allocator.commands.options`). Upgrading
-is idempotent. Going down to ``base`` drops every block and the fence, so it needs ``--yes``;
-neither ``--to`` nor ``--yes`` is ever read from the environment (``ALLOCATOR_MIGRATE_YES=1``
-does nothing). ``--json`` prints one object: ``action`` (check, upgrade, downgrade),
-``previous_revision``, ``current_revision``, ``head_revision``, ``up_to_date``; a check whose
-schema is behind still exits 1. A database that cannot be reached exits 75 and one that
-refuses the login 78 (naming the role), as for every command.
+"""``allocator migrate``: bring the database schema to the newest revision (idempotent), as a
+role allowed to create the schema and roles: a superuser, or a CREATEROLE login that is (or
+may become) a member of ``allocator_owner`` (docs/sql.md, "Who runs the migrations"); never
+``allocator_node``.
 """
 
 from __future__ import annotations
@@ -64,6 +54,7 @@ def migrate_command(
     """Apply the schema migrations (default: upgrade to the newest revision)."""
     from allocator.postgres import migrate
 
+    # --database-url (or its variable, or --database-url-file) wins over postgres.url.
     flags = {"postgres.url": database_url} if database_url else {}
     url = config_mod.load_from_options(config_path, set_pairs, flags).postgres.url
     url_text = url.get_secret_value()
@@ -73,7 +64,7 @@ def migrate_command(
         text = f"schema revision: {current or 'none'} (newest: {head})"
         _report(as_json, text, "check", current, current, head)
         raise SystemExit(Exit.OK if current == head else Exit.FAILED)
-    if target == "base":
+    if target == "base":  # --to and --yes are typed options: ALLOCATOR_MIGRATE_YES does nothing
         if not yes:
             raise UsageError("--to base drops every block and the fence; add --yes to confirm")
         before = migrate.current_revision(url_text)
@@ -92,6 +83,8 @@ def migrate_command(
 def _report(
     as_json: bool, text: str, action: str, previous: str | None, current: str | None, head: str
 ) -> None:
+    """One line, or one JSON object: ``action`` (check, upgrade, downgrade), the previous,
+    current and head revisions, and ``up_to_date``."""
     if not as_json:
         click.echo(text)
         return

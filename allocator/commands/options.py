@@ -1,46 +1,7 @@
-"""Two kinds of option the CLI treats apart: dangerous choices, and options that could carry
-a secret.
-
-Rules:
-
-- A dangerous choice (a confirmation, a destructive target, an audit record's reason, what
-  runs as a node) is typed by a person each time: :func:`typed_option` makes an option that
-  no ``ALLOCATOR_*`` variable can set (click's ``allow_from_autoenv=False``, no
-  ``envvar``), whatever ``auto_envvar_prefix`` the group has. :data:`DANGEROUS_NAMES` lists
-  what such an option is called; a unit test walks every command and fails on an option
-  of one of these names (or a confirmation-like one) that the environment could set.
-- No flag carries a secret, because a command line shows in every process list.
-  :func:`database_url_option` gives a command ``--database-url`` and
-  ``--database-url-file``: a URL that holds a password (or any libpq secret parameter) is
-  refused on the command line, with one line saying where to put it instead: the
-  command's own ``ALLOCATOR_<COMMAND>_DATABASE_URL``, a file named by
-  ``--database-url-file`` (its first line is the URL), or libpq's ``PGPASSWORD`` /
-  ``PGPASSFILE`` with a password-free URL. The same URL from the environment is fine.
-  :func:`no_secret_pairs` does the same for ``NAME=VALUE`` options that set variables
-  (``local up --node-env``).
-- Options several commands share are declared once, here: ``--state-dir``
-  (:func:`state_dir_option`), ``--json-out`` / ``--json`` / ``--keep``
-  (:func:`json_out_option`, :func:`json_option`, :func:`keep_option`, together
-  :func:`bench_output_options`), and the embedded cluster's shape: ``--zk``,
-  ``--nodes``, ``--session-timeout-ms`` (:func:`zk_servers_option`, :func:`nodes_option`,
-  :func:`session_timeout_option`); and the configuration's ``--config`` and ``--set``
-  (:func:`config_options`, read with :func:`allocator.config.load_from_options`). A
-  command passes what differs (its default folder, its JSON file's stem, its defaults,
-  its help); names and types stay the same everywhere. ``--zk`` takes nothing from the
-  command: the same values, default and help in ``local up``, ``demo`` and ``drill``.
-- Every command's ``--help`` ends with its exit codes: :func:`exit_codes` makes the epilog
-  from entries whose numbers are rows of the one table, :class:`allocator.core.exits.Exit`
-  (:data:`OK`, :data:`USAGE`, :data:`CONFIG`, ...; any other number is refused when the
-  command is built), each saying what the code means for that command; ``allocator
-  --help`` shows the whole table (:func:`exit_table`). A unit test checks every command
-  lists them.
-- Every duration flag takes one shape, a number with a unit (``30s``, ``500ms``, ``2h``,
-  ``1m30s``): :class:`Duration`, backed by :mod:`allocator.core.durations`, handing the
-  command a ``timedelta``; its environment variable takes the same text. A flag that took
-  a bare number of seconds before (``watch --duration``, ``--timeout``) still reads one,
-  with a warning; a flag whose name carried its unit (``--session-timeout-ms``) lives on
-  as a hidden alias of the unit-ful one (:func:`duration_option`: its old number and its
-  old variable still work, with a warning; both at once are refused).
+"""Options the CLI's commands share, declared once (names and types the same everywhere), and
+the two kinds it treats apart: dangerous choices (:func:`typed_option`) and options that
+could carry a secret (:func:`database_url_option`, :func:`no_secret_pairs`). Every command's
+``--help`` ends with its exit codes (:func:`exit_codes`); docs/design.md §7.
 """
 
 from __future__ import annotations
@@ -66,7 +27,10 @@ from allocator.local.record import DEFAULT_ZK_SERVERS
 F = TypeVar("F", bound=Callable[..., Any])
 
 DANGEROUS_NAMES = frozenset({"yes", "target", "purge", "after_restore", "reason", "node_command"})
-"""Parameter names of the options no environment variable may set (see the module rules)."""
+"""Parameter names of the options no environment variable may set: a dangerous choice (a
+confirmation, a destructive target, an audit record's reason, what runs as a node). A unit
+test walks every command and fails on an option of one of these names (or a
+confirmation-like one) that the environment could set."""
 
 NEVER_FROM_ENV = "Never read from the environment."
 ZK_SERVERS_HELP = (
@@ -124,7 +88,8 @@ HELP_WIDTH = 78
 def exit_codes(*codes: tuple[int, str]) -> str:
     """A command's ``epilog``: ``Exit codes:`` and one line per code, in numeric order;
     two meanings of one code are joined with ``;``. ``\\b`` keeps click from rewrapping.
-    A code that is no row of the one table is a ValueError (the command is not built)."""
+    A code that is no row of the one table (:class:`allocator.core.exits.Exit`) is a
+    ValueError (the command is not built). A unit test checks every command lists them."""
     meanings: dict[Exit, list[str]] = {}
     for code, meaning in codes:
         meanings.setdefault(Exit(code), []).append(meaning)
@@ -146,7 +111,10 @@ def exit_table() -> str:
 
 
 def typed_option(*param_decls: str, **attrs: Any) -> Callable[[F], F]:
-    """``click.option`` for a dangerous choice: never taken from an ``ALLOCATOR_*`` variable."""
+    """``click.option`` for a dangerous choice: never taken from an ``ALLOCATOR_*`` variable.
+
+    A person types it each time: ``allow_from_autoenv=False`` and no ``envvar``, whatever
+    ``auto_envvar_prefix`` the group has (:data:`DANGEROUS_NAMES`)."""
     if attrs.get("envvar") or attrs.get("show_envvar"):
         raise TypeError("a typed option has no environment variable")
     attrs["help"] = f"{attrs.get('help', '')} {NEVER_FROM_ENV}".strip()
@@ -193,7 +161,12 @@ def read_url_file(path: Path) -> str:
 
 def database_url_option(help: str) -> Callable[[F], F]:
     """``--database-url`` (``help`` says whose URL) and ``--database-url-file``, handed to
-    the command as one ``database_url`` parameter (None when neither is given)."""
+    the command as one ``database_url`` parameter (None when neither is given).
+
+    No flag carries a secret, because a command line shows in every process list: a URL with
+    a password (or any libpq secret parameter) is refused on the command line, with one line
+    naming the alternatives (the command's ``ALLOCATOR_<COMMAND>_DATABASE_URL``, the file,
+    or ``PGPASSWORD`` / ``PGPASSFILE``). The same URL from the environment is fine."""
 
     def decorate(func: F) -> F:
         @functools.wraps(func)
@@ -356,10 +329,12 @@ else:
 
 
 class Duration(_DurationBase):
-    """A duration flag's type (module rules): the text as :func:`durations.parse` reads it,
-    as a ``timedelta`` within ``minimum`` .. ``maximum`` (zero only with ``zero``), a whole
-    number of ``step`` when given. With ``bare_unit`` a number without a unit is read in
-    that unit (what the flag took before), with a warning unless ``warn_bare`` is off."""
+    """A duration flag's type: every duration flag takes a number with a unit (``30s``,
+    ``500ms``, ``2h``, ``1m30s``), its variable the same text, as :func:`durations.parse`
+    reads it; the command gets a ``timedelta`` within ``minimum`` .. ``maximum`` (zero only
+    with ``zero``), a whole number of ``step`` when given. With ``bare_unit`` a number
+    without a unit is read in that unit (what the flag took before, as ``watch --duration``
+    and ``--timeout``), with a warning unless ``warn_bare`` is off."""
 
     name = "duration"
 

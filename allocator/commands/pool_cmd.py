@@ -1,19 +1,7 @@
-"""``allocator pool``: pause and resume claims, and reset the pool after a restore.
-
-``pool pause`` / ``pool resume`` (operator role; :mod:`allocator.pool.pause`, migration
-0010): pause commits the pause (audited in ``allocator.claim_pause_history``), then waits
-until every claim that was in flight has ended, at most ``--timeout`` (``70s``, ``2m``; exit
-75 naming the sessions still holding one; the pause stays in force). No ``--yes``: a pause
-takes nothing away that ``resume`` does not give back, and an operator who pauses in an
-incident wants it now. ``--reason`` is the audit record's why and never comes from the
-environment.
-
-``pool reset --after-restore``: the procedure and its steps are :mod:`allocator.pool.reset`.
-
-``--after-restore`` is required: there is no other kind of reset, and the flag makes the
-command say what it is for where it is typed. ``--old-database-url`` and
-``--old-database-unreachable`` are typed options too (never from the environment): a
-variable left over from an earlier restore would name the wrong database.
+"""``allocator pool``: pause and resume claims (:mod:`allocator.pool.pause`, migration 0010), and
+reset the pool after a restore (:mod:`allocator.pool.reset`). ``--reason`` and the reset's
+options are typed each time, never read from the environment: a variable left from an earlier
+incident would record the wrong why or name the wrong database.
 """
 
 from __future__ import annotations
@@ -60,12 +48,14 @@ def pool_group() -> None:
 def _operator_url(
     database_url: str | None, config_path: Path | None, set_pairs: tuple[str, ...]
 ) -> tuple[Config, str]:
+    """The configuration and the operator role's URL (``--database-url`` wins)."""
     flags = {"postgres.url": database_url} if database_url else {}
     config = config_mod.load_from_options(config_path, set_pairs, flags)
     return config, config.postgres.url.get_secret_value()
 
 
 def pause_json(done: claim_pause.Paused) -> dict[str, Any]:
+    """``pool pause --json``'s object."""
     p = done.pause
     return {
         "pause_id": p.pause_id,
@@ -89,6 +79,7 @@ def pause_json(done: claim_pause.Paused) -> dict[str, Any]:
 
 
 def pause_lines(done: claim_pause.Paused) -> list[str]:
+    """``pool pause``'s text: the pause, and the claims it waited for."""
     p = done.pause
     since = p.paused_at.isoformat(timespec="seconds")
     first = (
@@ -144,6 +135,9 @@ def pause_command(
     set_pairs: tuple[str, ...],
 ) -> None:
     """Pause claims (AL004) and wait until every claim in flight has ended."""
+    # No --yes: a pause takes nothing away that resume does not give back, and an operator
+    # who pauses in an incident wants it now. The pause is committed (and audited) first; a
+    # timeout (exit 75, naming the sessions still claiming) leaves it in force.
     check_reason(reason, "claims are paused")
     config, url = _operator_url(database_url, config_path, set_pairs)
     done = claim_pause.pause(
@@ -256,7 +250,7 @@ def reset_command(
     set_pairs: tuple[str, ...],
 ) -> None:
     """Void every unclaimed block, move the mark and advance the fence after a restore."""
-    if not after_restore:
+    if not after_restore:  # required so that the command says what it is for where it is typed
         raise UsageError("pool reset needs --after-restore (the only reset there is)")
     check_reason(reason, "the pool is reset")
     if old_database_url and redact.carries_secret(old_database_url):

@@ -1,11 +1,4 @@
-"""Number options that click's own types let slip: NaN and infinity.
-
-Rules: :class:`FiniteFloatRange` is ``click.FloatRange`` that also refuses NaN (which
-compares false with every bound, so ``FloatRange`` lets it through) and infinities; every
-float option of the CLI (a fraction; durations have their own type,
-:class:`allocator.commands.options.Duration`) uses it, so a nonsense number is a usage error
-(exit 64) before any work starts, never a NaN that a sleep or a timer meets later.
-"""
+"""Number options that click's own types let slip: NaN and infinity."""
 
 from __future__ import annotations
 
@@ -16,7 +9,13 @@ import click
 
 
 class FiniteFloatRange(click.FloatRange):
-    """A finite float within the bounds (see the module rules)."""
+    """A finite float within the bounds: ``click.FloatRange`` also refusing NaN (which
+    compares false with every bound, so ``FloatRange`` lets it through) and infinities.
+
+    Every float option of the CLI uses it (durations have their own type,
+    :class:`allocator.commands.options.Duration`), so a nonsense number is a usage error
+    (exit 64) before any work starts, never a NaN that a sleep or a timer meets later.
+    """
 
     name = "finite float range"
 

@@ -1,18 +1,5 @@
-"""``allocator reap-session``: close the ZooKeeper session a dead node left, at once.
-
-Rules: reads the node's configuration exactly as ``allocator run`` does (``--name``
-overrides ``node.name``), then does only what a starting node does first
-(:func:`allocator.session.reaper.reap`): read ``<node.state_dir>/session.json`` and close that
-session if, and only if, its process is provably dead on this host: the lock the node
-holds on its state folder is free, or its pid is gone in the pid namespace it ran in. From
-another pid namespace (``docker compose run``) or without a readable ``/proc``, a pid it
-cannot see counts as alive: run it in the node's container (``exec``). For systemd's
-``ExecStopPost=`` (the unit's main process has exited by then), so a crash hands over at
-once instead of after ``RestartSec`` plus the start-up. Prints one line: what it did and
-why. Exit 0 whatever it decided (nothing to reap, ignored, alive, reaped, or ZooKeeper
-unreachable: the session then expires on its own); 78 for a configuration that cannot
-reap (no ``node.state_dir``, no configured ``node.name``, or invalid). ``--json`` prints
-``{"action", "reason"}`` instead of the line.
+"""``allocator reap-session``: close the ZooKeeper session a dead node left, at once (for
+systemd's ``ExecStopPost=``, so a crash hands over without waiting for the session timeout).
 """
 
 from __future__ import annotations
@@ -49,6 +36,11 @@ def reap_session(
     name: str | None, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
 ) -> None:
     """Close the ZooKeeper session of this node's dead predecessor (for ExecStopPost=)."""
+    # The node's configuration exactly as `allocator run` reads it (--name overrides
+    # node.name); then only what a starting node does first. The session is closed only if
+    # its process is provably dead on this host (its state-folder lock free, or its pid gone
+    # in the pid namespace it ran in); from another namespace (docker compose run) a pid it
+    # cannot see counts as alive: run it in the node's container.
     config = load(name, None, None, None, config_path, set_pairs)
     state_dir = config.node.state_path()
     if state_dir is None:

@@ -1,20 +1,8 @@
-"""``allocator run``: one allocator node (see :mod:`allocator.node` for its rules).
+"""``allocator run``: one allocator node (its rules: :mod:`allocator.node`, docs/design.md §4).
 
-Rules: every setting comes from the config (file < ``ALLOCATOR_*`` < ``--set`` < the flags
-here); ``--check`` validates, prints the effective config with secrets masked and exits.
-Without ``zookeeper.auth`` both refuse (exit 78) unless ``zookeeper.insecure`` is set
-(:func:`allocator.zookeeper.client.check_node`); the node then warns at every start.
-SIGTERM and SIGINT stop the node gracefully (a leader hands over at once). The process exit
-code is the node's: 0 stopped, 3 session lost, 4 fenced (see ``allocator.node``), rows of
-the one table (:mod:`allocator.core.exits`).
-
-This is the composition root (DESIGN §1): the only module that knows both the allocator core
-and the ``jobs`` package. :func:`build_node` wires a node from a config; tests that need a
-deliberately broken node build their own collaborators through the same seams
-(``tests/chaos``), never through a switch in the product: this command reads no
-test-only variable (skewed clocks come from libfaketime, broken nodes are built in
-``tests/``, and a test that must expire a node's session reads the node's session file,
-see :mod:`allocator.session.file`).
+The composition root (docs/design.md §1): the only module that knows both the allocator core
+and the ``jobs`` package. It reads no test-only variable: broken nodes are built in ``tests/``
+through the same seams (:func:`build_node`), skewed clocks come from libfaketime.
 """
 
 from __future__ import annotations
@@ -108,7 +96,8 @@ def build_node(
 
 
 def serve(node: Node) -> None:
-    """Run ``node`` with SIGTERM/SIGINT stopping it gracefully; exits with its code."""
+    """Run ``node`` with SIGTERM/SIGINT stopping it gracefully (a leader hands over at once);
+    exits with its code: 0 stopped, 3 session lost, 4 fenced (:mod:`allocator.core.exits`)."""
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         node.request_stop(signal.Signals(signum).name.lower())
@@ -160,6 +149,8 @@ def run(
     from allocator.zookeeper import client as zkclient
 
     config = load(name, admin_address, on_session_loss, log_format, config_path, set_pairs)
+    # Without zookeeper.auth both the node and --check refuse (78) unless zookeeper.insecure
+    # is set; the node then warns at every start.
     zkclient.check_node(config)  # the node would refuse to start: so does --check
     if check:
         click.echo(json.dumps(config.masked_dict(), indent=2, default=str))
@@ -178,7 +169,8 @@ def load(
     config_path: Path | None,
     set_pairs: tuple[str, ...],
 ) -> Config:
-    """The effective config of ``allocator run``'s options."""
+    """The effective config of ``allocator run``'s options (file < ``ALLOCATOR_*`` < ``--set``
+    < the flags of ``run``)."""
     flags = {
         key: value
         for key, value in {

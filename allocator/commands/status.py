@@ -1,25 +1,8 @@
-"""``allocator status``, ``allocator watch`` and ``allocator step-down``.
+"""``allocator status``, ``allocator watch`` and ``allocator step-down`` (docs/design.md §7, §10).
 
-Rules: read-only except step-down, which asks the current leader (found in the election
-znodes' data) over its admin HTTP with ``node.admin_token``; ``--json`` prints one object
-(docs/schemas/status.schema.json: :mod:`allocator.cluster_status`'s and the pool's coverage);
-``watch`` prints a line per change of leader, epoch or fence as it happens and a pool line
-every few seconds, and stops after ``--duration`` (``30s``, ``5m``) or on Ctrl-C; with
-``--json`` each line is one JSON object (JSON lines: ``time``, ISO-8601 UTC, ``event`` and
-its fields, see :func:`watch`). ``step-down --json`` prints one object (``leader``,
-``admin_url``, ``stepping_down``). Each command's ``--help`` lists its exit codes: step-down
-without ``node.admin_token``, or with one the leader refuses, is a configuration error (78);
-no leader to ask (none in the election, unreachable, or no longer leading) is a temporary
-one (75), as an unreachable ZooKeeper is. A fence ahead of ZooKeeper (no node can take it
-until an operator re-bases it) is one loud line in both views, never buried in a table: it
-stops all cutting. So is a pause of claims (``allocator pool pause``) in ``status``: it
-stops all claiming. Election znodes that are ignored for the order or whose data does not
-parse are shown (``election`` in the JSON), and step-down refuses a leader whose data does
-not parse rather than send the token to an address someone else wrote. ``status`` also
-states, by the configuration it was given, the runway a handover needs
-(:mod:`allocator.config.runway`), and warns on stderr when ``pool.max_blocks`` cannot cover
-one at the measured claim rate. The ``ID age`` line shows the oldest unclaimed block's age, the
-bound on an ID's age and whether a leader serves (``block_age`` in the JSON).
+Read-only but step-down. A state that stops all cutting (the fence ahead of ZooKeeper, the
+database behind it) or all claiming (a pause) is one loud line in every view, never buried
+in a table. ``--json`` of ``status`` is docs/schemas/status.schema.json.
 """
 
 from __future__ import annotations
@@ -213,6 +196,7 @@ def fence_lines(report: dict[str, Any]) -> list[str]:
 
 
 def unreadable_line(report: dict[str, Any]) -> str:
+    """The loud line while ZooKeeper's fence generation cannot be read."""
     return (
         f"!! FENCE GENERATION UNREADABLE: {report['problem']}; no new leader can take the "
         "fence. Run `allocator fence rebase --reason TEXT` to rewrite it."
@@ -220,6 +204,7 @@ def unreadable_line(report: dict[str, Any]) -> str:
 
 
 def behind_line(report: dict[str, Any]) -> str:
+    """The loud line while the database is behind ZooKeeper's watermark (a restore)."""
     return (
         f"!! DATABASE BEHIND ZOOKEEPER: {report['database_behind_zookeeper']}; the database "
         "was restored or failed over to a standby that missed commits. No node takes the "
@@ -229,6 +214,8 @@ def behind_line(report: dict[str, Any]) -> str:
 
 
 def ahead_line(report: dict[str, Any]) -> str:
+    """The loud line while the fence is ahead of ZooKeeper: no node can take it until an
+    operator re-bases it, so it stops all cutting."""
     return (
         f"!! FENCE AHEAD OF ZOOKEEPER: the database's fence "
         f"{report['generation']}:{report['epoch']:#x} is newer than anything this ensemble "
@@ -364,6 +351,9 @@ def step_down(
     timeout: timedelta, as_json: bool, config_path: Path | None, set_pairs: tuple[str, ...]
 ) -> None:
     """Ask the current leader to hand over at once (needs node.admin_token)."""
+    # The leader is the first contender in the election znodes, asked over its admin HTTP.
+    # No token, or one the leader refuses: a configuration error (78); no leader to ask (none
+    # in the election, unreachable, no longer leading): temporary (75).
     from allocator.cluster_status import read_contenders_once
 
     config = config_mod.load_from_options(config_path, set_pairs)

@@ -1,21 +1,9 @@
 """Configuration: one validated, frozen :class:`Config` from a TOML file, the environment and flags.
 
-This package is the public face; import from it (``from allocator.config import Config,
-load_config``). Each module has one job:
-
-- :mod:`~allocator.config.values`: what one value may be (bounded numbers, addresses);
-- :mod:`~allocator.config.sections`: the pydantic model of each section, and the keys;
-- :mod:`~allocator.config.checks`: the rules between keys;
-- :mod:`~allocator.config.model`: :class:`Config`, the sections together;
-- :mod:`~allocator.config.environment`: the ``ALLOCATOR_*`` variables, and the one reader
-  of the process environment;
-- :mod:`~allocator.config.secrets`: the secret keys, their masking and ``*_FILE`` files;
-- :mod:`~allocator.config.problems`: how a problem reads (one line per problem);
-- :mod:`~allocator.config.loading`: :func:`load_config`, the sources and their order;
-- :mod:`~allocator.config.runway`: what the settings cover (the runway a handover needs).
-
-The command-line options that load it (``--config``, ``--set``) are the CLI's:
-:func:`allocator.commands.options.config_options`.
+Import from this package (``from allocator.config import Config, load_config``); each module
+has one job: values, sections, checks (between keys), model, environment, secrets, problems,
+loading, runway and block_age. The ``--config``/``--set`` options are
+:func:`allocator.commands.options.config_options` (docs/design.md §7).
 """
 
 from __future__ import annotations

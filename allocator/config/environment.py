@@ -1,9 +1,4 @@
-"""The environment: the ``ALLOCATOR_*`` variables' names, and the one reader of them.
-
-Rule: this is the only module of the product that reads the process environment
-(``os.environ``); any other gets a copy from :func:`process_environment`. An AST test holds
-it (``tests/unit/test_boundaries.py``).
-"""
+"""The environment: the ``ALLOCATOR_*`` variables' names, and the one reader of them."""
 
 from __future__ import annotations
 
@@ -20,7 +15,8 @@ CONFIG_PATH_ENV = "ALLOCATOR_CONFIG"
 def process_environment() -> dict[str, str]:
     """A copy of this process's environment variables.
 
-    The one way for code outside this module to see the environment (module rules): to
+    This module is the only one of the product that reads ``os.environ`` (an AST test holds
+    it: ``tests/unit/test_boundaries.py``); this copy is the one way for any other to see it: to
     hand it on to a child process, or to read a documented variable of the embedded
     cluster's tooling (``ALLOCATOR_PG_BIN_DIR``, ``ALLOCATOR_ZK_JAVA_DIR``)."""
     return dict(os.environ)

@@ -1,18 +1,6 @@
 """How long the pool must last: the runway a handover needs, and what the settings cover.
 
-Rules:
-- The pool exists to serve through a failover, so it must last at least the longest
-  handover it may have to cover: ``zookeeper.session_timeout_ms`` (a crashed or partitioned
-  leader's session must lapse first) plus ``pool.handover_margin_s`` (detection, the
-  takeover, the successor's first refill). That is :func:`needed_runway_s`; nodes export it
-  (``allocator_pool_runway_needed_seconds``) beside the runway, and the alert
-  ``AllocatorPoolRunwayShort`` pages when the runway is shorter.
-- The refill aims for the longer of ``pool.runway_s`` and the needed runway, capped by
-  ``pool.max_blocks``: the cap therefore decides the highest claim rate a handover can be
-  covered at (:func:`covered_rate_blocks_per_s`). ``config check`` states it (and, with
-  ``--database``, warns when the measured claim rate is above it, as ``status`` does), and
-  warns when a frozen leader's open transaction would outlast its session.
-- Pure functions of a :class:`~allocator.config.Config` (and a measured rate): no I/O.
+Pure functions of a :class:`~allocator.config.Config` (and a measured rate): no I/O.
 """
 
 from __future__ import annotations
@@ -23,7 +11,13 @@ from allocator.config.model import Config
 
 
 def needed_runway_s(config: Config) -> float:
-    """Seconds the pool must last: the session timeout plus the handover margin."""
+    """Seconds the pool must last: the session timeout plus the handover margin.
+
+    The pool exists to serve through a failover: a crashed or partitioned leader's session
+    must lapse first, then detection, the takeover and the successor's first refill
+    (``pool.handover_margin_s``). Nodes export it (``allocator_pool_runway_needed_seconds``)
+    and the alert ``AllocatorPoolRunwayShort`` pages when the runway is shorter.
+    """
     return config.zookeeper.session_timeout_ms / 1000 + config.pool.handover_margin_s
 
 
@@ -34,7 +28,10 @@ def aimed_runway_s(config: Config) -> float:
 
 
 def covered_rate_blocks_per_s(config: Config) -> float:
-    """The highest claim rate (blocks/s) at which ``pool.max_blocks`` covers a handover."""
+    """The highest claim rate (blocks/s) at which ``pool.max_blocks`` covers a handover.
+
+    The refill's target is capped by ``pool.max_blocks`` (:func:`target_blocks`), so the cap
+    decides this rate; ``config check`` and ``status`` warn above it (:func:`rate_warning`)."""
     return config.pool.max_blocks / needed_runway_s(config)
 
 
@@ -46,7 +43,8 @@ def target_blocks(config: Config, claim_rate_blocks_per_s: float | None) -> int:
 
 
 def config_warnings(config: Config) -> list[str]:
-    """What ``config check`` says about these settings (none of it stops a node)."""
+    """What ``config check`` says about these settings (none of it stops a node): today,
+    that a frozen leader's open transaction would outlast its session."""
     warnings: list[str] = []
     session_ms = config.zookeeper.session_timeout_ms
     idle_ms = config.postgres.idle_in_transaction_timeout_ms

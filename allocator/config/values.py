@@ -1,9 +1,6 @@
 """What one configuration value may be: the bounded number types and the address checks.
 
-Rule: a valid config holds only values a node can use: every float key is a duration in
-seconds, at most :data:`MAX_DURATION_S` (10 years: a wait, timer or ``timedelta`` of it
-never overflows); every integer fits in 64 bits, the PostgreSQL settings and ZooKeeper's
-session timeout in 32 (:data:`PG_INT_MAX`); TOML's ``true``/``false`` is never a number.
+A valid config holds only values a node can use (:data:`Int`, :data:`Float`).
 """
 
 from __future__ import annotations
@@ -47,8 +44,11 @@ def _duration(value: float) -> float:
 
 
 Int = Annotated[int, BeforeValidator(_not_bool), AfterValidator(_int64)]
+"""Every integer key fits in 64 bits (the PostgreSQL settings and ZooKeeper's session timeout
+in 32, by their ``le=PG_INT_MAX``); TOML's ``true``/``false`` is never a number."""
 Float = Annotated[float, BeforeValidator(_not_bool), AfterValidator(_duration)]
-"""Every float key is a duration in seconds (``*_s``), bounded by :data:`MAX_DURATION_S`."""
+"""Every float key is a duration in seconds (``*_s``), at most :data:`MAX_DURATION_S` (10
+years: a wait, timer or ``timedelta`` of it never overflows); never ``true``/``false``."""
 
 
 def check_host_port(text: str, *, min_port: int, port_required: bool) -> None:

@@ -1,23 +1,5 @@
 """The consumer recorder: threads that claim blocks the way an application does, and remember
 every block that came back, for :mod:`allocator.core.verify` to judge (demo, drill, chaos suite).
-
-Rules:
-
-- Each consumer is a thread with its own autocommit connection to the consumer URL (role
-  ``allocator_app``: it may only claim) calling ``allocator.claim_blocks(name, n)``, one call
-  every ``pause_s``; ``names`` maps each consumer's name to its ``n``. ``options`` gives a
-  consumer's connections libpq ``options`` (``-c synchronous_commit=off``, say).
-- A block is recorded (:class:`~allocator.core.verify.Claim`, with the wall clock of the return)
-  only when the call returned it: what the consumer would hand out. A call that failed after
-  its commit leaves a claim in the ledger that no record shows; the checker allows that.
-- Errors never stop a consumer: "pool empty" (SQLSTATE AL003) is counted apart
-  (``pool_empty``); every other error counts by kind (its SQLSTATE, else the exception's
-  type), keeps its first few messages, closes the connection, and the consumer waits
-  ``ERROR_PAUSE_FACTOR x pause_s`` before it reconnects and claims again.
-- Every loop is bounded when asked: ``max_calls`` calls and ``deadline_s`` seconds per
-  consumer (None: until :meth:`Consumers.stop`). :meth:`Consumers.stop` joins every thread
-  (bounded by ``STOP_TIMEOUT_S``) and raises :class:`StuckConsumersError` for any still
-  running; the threads are daemons, so a stuck one never keeps the process alive.
 """
 
 from __future__ import annotations
@@ -61,6 +43,7 @@ class ConsumerStats:
     error_examples: list[str] = field(default_factory=list)
 
     def copy(self) -> ConsumerStats:
+        """An independent copy (the error maps included)."""
         return ConsumerStats(
             self.claims,
             self.calls,
@@ -71,6 +54,7 @@ class ConsumerStats:
         )
 
     def add(self, other: ConsumerStats) -> None:
+        """Adds ``other``'s counters to these."""
         self.claims += other.claims
         self.calls += other.calls
         self.pool_empty += other.pool_empty
@@ -103,7 +87,18 @@ def named(prefix: str, count: int, blocks: int = 1) -> dict[str, int]:
 
 
 class Consumers:
-    """Claiming threads and their records; see the module rules.
+    """Claiming threads and their records.
+
+    Each consumer is a daemon thread with its own autocommit connection to ``url`` (role
+    ``allocator_app``: it may only claim) calling ``allocator.claim_blocks(name, n)`` every
+    ``pause_s``; ``names`` maps each name to its ``n``; ``options`` are libpq ``options``
+    (``-c synchronous_commit=off``, say). A block is recorded (with the wall clock of the
+    return) only when the call returned it: a call that failed after its commit leaves a
+    claim in the ledger no record shows, which the checker allows. Errors never stop a
+    consumer: "pool empty" (AL003) is counted apart; any other counts by kind (SQLSTATE, else
+    the exception's type), keeps its first few messages, closes the connection, and the
+    consumer waits ``ERROR_PAUSE_FACTOR x pause_s`` before claiming again. Loops are bounded
+    by ``max_calls`` and ``deadline_s`` when given (None: until :meth:`stop`).
 
     Use as a context manager, or :meth:`start` and :meth:`stop` (always call it: it joins).
     """
@@ -140,12 +135,16 @@ class Consumers:
         return list(self._names)
 
     def start(self) -> Consumers:
+        """Starts every consumer thread."""
         for thread in self._threads:
             thread.start()
         return self
 
     def stop(self) -> list[Claim]:
-        """Stop and join every consumer; the records. Safe to call more than once."""
+        """Stop and join every consumer; the records. Safe to call more than once.
+
+        The joins are bounded by :data:`STOP_TIMEOUT_S`; a thread still running raises
+        :class:`StuckConsumersError` (a daemon, so it never keeps the process alive)."""
         self._stop.set()
         deadline = time.monotonic() + STOP_TIMEOUT_S
         for thread in self._threads:
@@ -191,6 +190,7 @@ class Consumers:
         return total
 
     def describe(self) -> str:
+        """One line: each consumer's blocks, pool-empty answers and errors."""
         return ", ".join(
             f"{name}: {s.claims} blocks, {s.pool_empty} pool-empty, {s.errors} errors "
             f"{s.error_kinds or ''}".rstrip()

@@ -1,28 +1,7 @@
 """Each drilled node's links to ZooKeeper and PostgreSQL, and its clock: what the drill can break.
 
-Rules:
-
-- :class:`Links` owns, for every node name, one :class:`~allocator.drill.proxy.Proxy` per
-  upstream port of the cluster (every ZooKeeper client port, every PostgreSQL port), so a
-  fault on one node's link leaves every other node's untouched. Everything is loopback
-  (the proxies assert it).
-- It tells the nodes through one file per node, ``<links_dir>/<name>.json``:
-  ``{"ports": {"<upstream port>": <proxy port>, ...}, "faketime": null | "<offset>"}``,
-  replaced atomically (a temp file, then a rename), mode 0600, in a folder of mode 0700.
-  The node command :mod:`allocator.drill.shim` reads it when the node starts: the ports
-  then point the node at its proxies, ``faketime`` skews its wall clock (libfaketime). A
-  node started before :meth:`Links.open` talks to the servers directly and cannot be cut,
-  and a clock set by :meth:`Links.set_clock` takes effect at the node's next start: the
-  drill restarts the node for either.
-- A clock offset is a sign, an integer and a unit (``s``, ``m``, ``h``, ``d``, ``y``):
-  ``+1h``, ``-1m``, ``+60y``, as libfaketime reads it; :func:`validate_offset` refuses
-  anything else, and :func:`read_node_links` refuses a file holding anything else.
-- :meth:`Links.close` closes every proxy (a node still connected through one sees its
-  connections reset, and new ones refused, until it restarts), removes the files it wrote
-  and the folder if nothing else is left in it. Without the file, the shim starts the node
-  with direct links.
-- Nothing happens in the constructor: :meth:`Links.open` (or ``with Links(...)``) starts the
-  proxies and writes the files. Every method may be called from any thread.
+The drill tells each node through one file, ``<links_dir>/<name>.json``, that the node command
+(:mod:`allocator.drill.shim`) reads when the node starts; everything is loopback.
 """
 
 from __future__ import annotations
@@ -55,8 +34,9 @@ class LinksFileError(ConfigError):
 
 
 def validate_offset(offset: str | None) -> str | None:
-    """``offset`` if it is a clock offset libfaketime reads (module rules) or None, else
-    :class:`~allocator.core.errors.UsageError`."""
+    """``offset`` if it is a clock offset libfaketime reads or None, else
+    :class:`~allocator.core.errors.UsageError`: a sign, an integer and a unit (``s``, ``m``,
+    ``h``, ``d``, ``y``), as in ``+1h``, ``-1m``, ``+60y``."""
     if offset is None or _OFFSET.fullmatch(offset):
         return offset
     raise UsageError(
@@ -79,12 +59,16 @@ def links_path(links_dir: Path, name: str) -> Path:
 
 @dataclass(frozen=True)
 class NodeLinks:
-    """What one links file says: upstream port -> proxy port, and the clock offset."""
+    """What one links file says: upstream port -> proxy port, and the clock offset.
+
+    On disk: ``{"ports": {"<upstream port>": <proxy port>, ...}, "faketime": null | "<offset>"}``.
+    """
 
     ports: Mapping[int, int]
     faketime: str | None = None
 
     def to_json(self) -> dict[str, Any]:
+        """The file's JSON object."""
         return {
             "ports": {str(upstream): proxy for upstream, proxy in sorted(self.ports.items())},
             "faketime": self.faketime,
@@ -100,7 +84,8 @@ def _port(value: object) -> int | None:
 
 
 def parse_node_links(data: object) -> NodeLinks:
-    """A links file's decoded JSON as :class:`NodeLinks`; ``ValueError`` names what is wrong."""
+    """A links file's decoded JSON as :class:`NodeLinks`; ``ValueError`` names what is wrong
+    (an offset :func:`validate_offset` would refuse included)."""
     if not isinstance(data, dict) or set(data) != {"ports", "faketime"}:
         raise ValueError('expected an object with exactly the keys "ports" and "faketime"')
     raw_ports, faketime = data["ports"], data["faketime"]
@@ -137,7 +122,8 @@ def read_node_links(links_dir: Path, name: str) -> NodeLinks | None:
 
 
 def write_node_links(links_dir: Path, name: str, links: NodeLinks) -> Path:
-    """Replace node ``name``'s links file atomically (mode 0600); returns its path."""
+    """Replace node ``name``'s links file atomically (a temp file, then a rename; mode 0600);
+    returns its path."""
     data = (json.dumps(links.to_json()) + "\n").encode()
     return files.write_atomic(links_path(links_dir, name), data, mode=FILE_MODE)
 
@@ -160,7 +146,15 @@ class _Node:
 
 class Links:
     """``Links(links_dir, names, zk_ports, pg_ports)``: the links of nodes ``names`` to the
-    ZooKeeper servers listening on ``zk_ports`` and the PostgreSQL servers on ``pg_ports``."""
+    ZooKeeper servers listening on ``zk_ports`` and the PostgreSQL servers on ``pg_ports``.
+
+    One :class:`~allocator.drill.proxy.Proxy` per node and upstream port, so a fault on one
+    node's link leaves every other node's untouched. Nothing happens in the constructor:
+    :meth:`open` (or ``with``) starts the proxies and writes the files (mode 0600, folder
+    0700). A node started before :meth:`open` talks to the servers directly and cannot be
+    cut, and a clock offset takes effect at the node's next start: the drill restarts the
+    node for either. Every method may be called from any thread.
+    """
 
     def __init__(
         self,
@@ -200,7 +194,11 @@ class Links:
                 raise
 
     def close(self) -> None:
-        """Close every proxy, remove the files, and the folder if it is left empty."""
+        """Close every proxy, remove the files, and the folder if it is left empty.
+
+        A node still connected through a proxy sees its connections reset, and new ones
+        refused, until it restarts; without its file the shim then starts it with direct
+        links."""
         with self._lock:
             self._close_locked()
 

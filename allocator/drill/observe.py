@@ -1,22 +1,5 @@
-"""How the drill sees a cluster: the fence, the election, the nodes' own view, their logs.
-
-Rules:
-
-- The fence row (``allocator.fence``) is the truth about who leads: it is read on one
-  dedicated autocommit connection (no pool, no retries; a failed read drops it, the next
-  read reconnects). The election is read with :func:`allocator.zookeeper.election.read_contenders`.
-- A cluster is *ready* for a round when every node runs (pid from the supervisor's
-  records, or any pid for a deployed cluster), the election holds exactly one znode per
-  node with that pid, the fence is held by the first of them with that pid, and that
-  leader is *at work*: the pool is not empty, and the leader has cut in its term or the
-  pool's runway covers two session timeouts (the longest handover a fault may cause).
-  Faults hit a leader at work, not one still taking over; rounds back to back never drain
-  a pool that no leader lived long enough to refill.
-- A node *serves* as leader when its ``/status`` says ``role: leader``, ``may_write:
-  true`` (a leader cut off from ZooKeeper stops writing at once) and does not say
-  ``database_reachable: false`` (a leader cut off from PostgreSQL cannot cut); a paused or
-  unreachable node answers nothing and so serves nothing.
-- Every wait has a deadline; nothing sleeps except between polls.
+"""How the drill sees a cluster: the fence (the truth about who leads), the election, the
+nodes' own view, their logs. Every wait has a deadline; nothing sleeps except between polls.
 """
 
 from __future__ import annotations
@@ -55,6 +38,8 @@ class DrillError(AllocatorError):
 
 @dataclass(frozen=True)
 class FenceState:
+    """The fence row: the epoch, and the node and pid that hold it (None: nobody)."""
+
     epoch: int
     holder: str | None
     pid: int | None
@@ -72,12 +57,17 @@ class Leader:
 
 @dataclass(frozen=True)
 class PoolState:
+    """The pool's level, runway and the epoch of the newest cut (``allocator.pool_status``)."""
+
     available_blocks: int
     runway_s: float | None
     last_cut_epoch: int | None
 
     def at_work(self, epoch: int, cover_s: float) -> tuple[bool, str]:
-        """Whether the leader of ``epoch`` is at work (see the module rules), and why not."""
+        """Whether the leader of ``epoch`` is at work, and why not: the pool is not empty, and
+        the leader has cut in its term or the runway covers ``cover_s`` (two session timeouts:
+        the longest handover a fault may cause). Faults hit a leader at work, not one still
+        taking over, so rounds back to back never drain a pool no leader lived to refill."""
         if self.available_blocks == 0:
             return False, "the pool is empty"
         if self.last_cut_epoch == epoch:
@@ -91,7 +81,8 @@ class PoolState:
 
 
 class FenceReader:
-    """A dedicated autocommit connection that reads the fence row (no pool, no retries)."""
+    """A dedicated autocommit connection that reads the fence row (no pool, no retries); a
+    failed read drops the connection, the next read reconnects."""
 
     def __init__(self, url: str, application_name: str = "allocator-drill") -> None:
         self._url = url
@@ -99,6 +90,7 @@ class FenceReader:
         self._conn: psycopg.Connection[Any] | None = None
 
     def read(self) -> FenceState:
+        """The fence row now: the truth about who leads."""
         row = self._fetch(sql.READ_FENCE)
         if row is None:
             raise DrillError("the fence row is missing (schema not migrated?)")
@@ -135,6 +127,7 @@ class FenceReader:
         return self._conn
 
     def close(self) -> None:
+        """Closes the connection; the next read would reopen it."""
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -160,7 +153,12 @@ def ready_leader(
     names: Sequence[str],
     admin_urls: Mapping[str, str],
 ) -> tuple[Leader | None, str]:
-    """The leader when the cluster is ready for a round (see the module rules), else why not."""
+    """The leader when the cluster is ready for a round, else why not.
+
+    Ready: every node runs (``pids``: from the supervisor's records, or any pid for a
+    deployed cluster), the election holds exactly one znode per node with that pid, and the
+    fence is held by the first of them with that pid (the caller also checks it is at work:
+    :meth:`PoolState.at_work`)."""
     missing = [n for n in names if n not in pids]
     if missing:
         return None, f"not running: {', '.join(missing)}"
@@ -224,7 +222,11 @@ def request_step_down(admin_url: str, token: str) -> None:
 
 def node_serves(admin_url: str, timeout_s: float = STATUS_TIMEOUT_S) -> bool:
     """True if the node's own ``/status`` says it leads, may write and reaches the
-    database; False when it says otherwise or does not answer in time."""
+    database; False when it says otherwise or does not answer in time.
+
+    ``may_write`` because a leader cut off from ZooKeeper stops writing at once; not
+    ``database_reachable: false`` because one cut off from PostgreSQL cannot cut; a paused
+    or unreachable node answers nothing and so serves nothing."""
     if not admin_url.startswith("http://"):
         return False
     try:
@@ -250,9 +252,11 @@ class LogCounter:
         self._offsets: dict[Path, int] = {}
 
     def mark(self) -> None:
+        """Count from the logs' current ends."""
         self._offsets = {path: _size(path) for path in self._paths}
 
     def count(self) -> int:
+        """Events appended since :meth:`mark`."""
         total = 0
         for path in self._paths:
             try:

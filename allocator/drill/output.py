@@ -1,10 +1,5 @@
-"""The drill's outputs: the table, the violation lines, the run document (JSON).
-
-Rules: pure functions of the results; the document (docs/schemas/drill.schema.json, which
-tests hold real output to) is what the report reads (:mod:`allocator.drill.report`):
-``verdict``, ``scenarios``, ``timeline``, ``cluster`` and, on a soak, ``resources``. With one
-scenario the document also carries that scenario's own keys at the top (but the run's
-``duration_s``, ``seed``, ``session_timeout_ms`` and ``nodes``). Files are written atomically.
+"""The drill's outputs: the table, the violation lines, the run document (JSON), as pure
+functions of the results; files are written atomically.
 """
 
 from __future__ import annotations
@@ -138,7 +133,9 @@ def document(
     resources: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run document: ``run`` (started_at, duration_s, seed, session_timeout_ms, nodes)
-    + verdict, scenarios, timeline, cluster (+ resources); one scenario's keys on top."""
+    + verdict, scenarios, timeline, cluster (+ resources); one scenario's keys on top (but
+    ``run``'s own). Its shape is docs/schemas/drill.schema.json, which tests hold real output
+    to, and what the report reads (:mod:`allocator.drill.report`)."""
     data: dict[str, Any] = {}
     if len(results) == 1:
         data.update(results[0].to_json())

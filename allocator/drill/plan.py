@@ -1,28 +1,4 @@
-"""One drill run from request to document: which cluster, which scenarios, what comes out.
-
-Rules:
-
-- Three targets. The drill's *own* cluster (``--state-dir``, created or reused, stopped at
-  the end unless ``--keep``): every scenario; when one needs the drill's links, the nodes
-  are restarted under :mod:`allocator.drill.shim` (their recorded command wrapped) with
-  proxies the drill opens first, and a PostgreSQL standby is added when one needs it. A
-  running local cluster (``--against STATE_DIR``): never started, reconfigured or
-  stopped; every scenario but those needing links (and a standby, if it has none). A
-  deployed cluster (``--config FILE``): reached only through its documented surfaces
-  (ZooKeeper for the election, the admin API's step-down, the database), so only
-  ``step-down``.
-- A scenario the target cannot run is refused before anything runs: asked for by name, the
-  run fails with the reason (:class:`~allocator.core.errors.UsageError`); within ``all`` or
-  ``mixed`` it is left out, and the document's ``refused`` says why.
-- ``mixed`` draws its schedule from ``--seed`` (a random seed when none is given, always
-  recorded); a soak (``duration_s``) runs a mixed schedule of the faults node processes
-  survive (:data:`allocator.drill.schedule.SURVIVABLE`, so the same processes meet every
-  fault and their growth can be judged) until the time is up while
-  :mod:`allocator.drill.resources` samples every node; its bound failing, or no node living
-  long enough to be judged, fails the run.
-- Links a kept cluster's nodes were given end with the drill: once each node restarts it
-  connects directly again (:mod:`allocator.drill.shim`).
-"""
+"""One drill run from request to document: which cluster, which scenarios, what comes out."""
 
 from __future__ import annotations
 
@@ -66,6 +42,14 @@ Progress = Callable[[str], None]
 
 @dataclass(frozen=True)
 class Request:
+    """What ``allocator drill`` was asked: the scenario, the target cluster, a soak's duration.
+
+    ``mixed`` draws its schedule from ``seed`` (a random one when None, always recorded); a
+    soak (``duration_s``) runs a mixed schedule of the faults node processes survive
+    (:data:`allocator.drill.schedule.SURVIVABLE`, so the same processes meet every fault and
+    their growth can be judged) until the time is up, while
+    :mod:`allocator.drill.resources` samples every node."""
+
     scenario: str
     rounds: int
     seed: int | None = None
@@ -82,6 +66,8 @@ class Request:
 
 @dataclass
 class Outcome:
+    """A run's results, its document and the scenarios the target refused (and why)."""
+
     results: list[ScenarioResult] = field(default_factory=list)
     document: dict[str, Any] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
@@ -89,6 +75,8 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
+        """The verdict holds and the resources stayed in bound (on a soak, a node past the
+        bound or any node not judged fails the run)."""
         verdict_ok = bool(self.document.get("verdict", {}).get("ok", False))
         return verdict_ok and self.resources_ok
 
@@ -101,7 +89,16 @@ def wanted(request: Request) -> list[str]:
 
 
 def run(request: Request, progress: Progress) -> Outcome:
-    """Bring the target up (own cluster), run, judge, and stop what the drill started."""
+    """Bring the target up (own cluster), run, judge, and stop what the drill started.
+
+    Three targets. The drill's *own* cluster (``--state-dir``, created or reused, stopped at
+    the end unless ``--keep``): every scenario; for one that needs links the nodes are
+    restarted under :mod:`allocator.drill.shim` with proxies opened first (links a kept
+    cluster's nodes were given end as each node restarts), and a standby is added when one
+    needs it. A running local cluster (``--against``): never started, reconfigured or
+    stopped; every scenario but those needing links (or a standby it lacks). A deployed
+    cluster (``--config``): reached only through its documented surfaces (ZooKeeper, the
+    admin step-down, the database), so only ``step-down``."""
     if request.against is not None and request.config_path is not None:
         raise UsageError("--against and --config name two clusters: give one")
     if request.duration_s is not None and request.config_path is not None:
@@ -310,6 +307,9 @@ def _drive(
     progress: Progress,
     cluster_json: dict[str, Any],
 ) -> Outcome:
+    # A scenario the target cannot run is refused before anything runs: asked for by name,
+    # the run fails with the reason (UsageError); within all or mixed it is left out, and
+    # the document's "refused" says why.
     outcome = Outcome()
     names = wanted(request)
     outcome.refused = _needs(names, target.capabilities())

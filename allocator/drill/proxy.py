@@ -1,33 +1,8 @@
 """A cuttable TCP proxy on 127.0.0.1, for cutting one node's link to ZooKeeper or PostgreSQL.
 
 It serves ``allocator drill`` (:mod:`allocator.drill.links` puts one in front of every
-server a node talks to) and the chaos tests (``tests/chaos``), which drive it directly.
-
-Rules (psycopg's ``fix_proxy.py`` idea, on plain sockets and threads):
-
-- Listens on ``127.0.0.1:<free port>`` and forwards every accepted connection to one
-  upstream ``127.0.0.1:<port>``; both ends are loopback only (asserted).
-- :meth:`Proxy.cut` closes every live connection at once (both sides, with a reset, so the
-  peer sees the break immediately) and refuses new ones until :meth:`Proxy.restore`: a new
-  connection is accepted and reset at once, which the client sees like a refusal.
-- :meth:`Proxy.freeze` is a hung peer: live connections stay open but nothing is forwarded
-  either way (a close or reset by one side is not passed on either), and new connections
-  are left unanswered in the listen backlog. The proxy's kernel still acknowledges what it
-  receives (data, keepalive probes), so the peer's TCP believes the path is fine: only an
-  application timeout tells it.
-- :meth:`Proxy.blackhole` is a network that drops packets: everything ``freeze`` does, and
-  the proxy's kernel drops every segment that reaches the listener or a live socket, before
-  TCP sees it (a classic BPF socket filter that keeps 0 bytes; Linux, no privilege needed
-  on one's own sockets). Nothing is acknowledged or answered, no FIN or RST is sent: the
-  peer's TCP retransmits, its keepalive probes go unanswered, a new connection's SYN gets
-  no SYN-ACK. So ``tcp_user_timeout`` and keepalives end the peer's connections, and
-  connect timeouts its new ones, exactly as on a real partition.
-- Both faults hold, never lose, what the proxy had already read when they began:
-  :meth:`Proxy.restore` forwards it, like TCP delivering its retransmissions once a path
-  heals; a connection the peer gave up on meanwhile is then reset.
-- Threads: one accept loop, two pumps per connection; all are daemons, all stop on
-  :meth:`Proxy.close` (also the context manager's exit). Loops are bounded by the sockets'
-  lifetimes and a short ``select`` timeout, so nothing spins and nothing outlives ``close``.
+server a node talks to) and the chaos tests (``tests/chaos``), which drive it directly;
+psycopg's ``fix_proxy.py`` idea, on plain sockets and threads.
 """
 
 from __future__ import annotations
@@ -76,7 +51,9 @@ def _accept_incoming(sock: socket.socket) -> None:
 
 
 class Proxy:
-    """``Proxy(upstream_port)``: forwards ``127.0.0.1:self.port`` to ``127.0.0.1:upstream_port``."""
+    """``Proxy(upstream_port)``: forwards ``127.0.0.1:self.port`` to ``127.0.0.1:upstream_port``.
+
+    Both ends are loopback only: the address is fixed, never taken from the caller."""
 
     def __init__(self, upstream_port: int) -> None:
         self.upstream = (LOOPBACK, upstream_port)
@@ -114,7 +91,10 @@ class Proxy:
         return self._dropping
 
     def cut(self) -> None:
-        """Break every live connection and refuse new ones."""
+        """Break every live connection and refuse new ones until :meth:`restore`.
+
+        Both sides are closed with a reset, so the peer sees the break at once; a new
+        connection is accepted and reset at once, which the client sees like a refusal."""
         with self._lock:
             self._cut.set()
             live, self._live = self._live, set()
@@ -122,12 +102,21 @@ class Proxy:
             _reset(sock)
 
     def freeze(self) -> None:
-        """Forward nothing and answer nobody, without closing anything (a hung peer)."""
+        """Forward nothing and answer nobody, without closing anything (a hung peer).
+
+        A close or reset by one side is not passed on; new connections wait unanswered in the
+        listen backlog. The kernel still acknowledges what arrives (data, keepalive probes),
+        so the peer's TCP believes the path is fine: only an application timeout tells it."""
         self._flowing.clear()
 
     def blackhole(self) -> None:
-        """Drop every packet either way, without closing anything (a partition); see the
-        module rules. The live connections and the listener stay open."""
+        """Drop every packet either way, without closing anything (a partition).
+
+        Everything :meth:`freeze` does, and the kernel drops every segment reaching the
+        listener or a live socket before TCP sees it (a classic BPF socket filter keeping 0
+        bytes; Linux, no privilege needed on one's own sockets). Nothing is acknowledged, no
+        FIN or RST sent, a SYN gets no SYN-ACK: ``tcp_user_timeout``, keepalives and connect
+        timeouts end the peer's connections exactly as on a real partition."""
         self._flowing.clear()
         with self._lock:
             self._dropping = True
@@ -135,7 +124,11 @@ class Proxy:
                 _drop_incoming(sock)
 
     def restore(self) -> None:
-        """Accept and forward again (after :meth:`cut`, :meth:`freeze` or :meth:`blackhole`)."""
+        """Accept and forward again (after :meth:`cut`, :meth:`freeze` or :meth:`blackhole`).
+
+        What the proxy had read when a fault began is held, never lost, and forwarded now,
+        like TCP delivering its retransmissions once a path heals; a connection the peer
+        gave up on meanwhile is then reset."""
         with self._lock:
             self._dropping = False
             for sock in (self._listener, *self._live):
@@ -144,6 +137,8 @@ class Proxy:
         self._flowing.set()
 
     def close(self) -> None:
+        """Stops every thread (the accept loop, two pumps per connection: daemons bounded by
+        their sockets and a short ``select`` timeout) and closes every socket."""
         self._closed.set()
         self.cut()
         with contextlib.suppress(OSError):

@@ -15,31 +15,37 @@ NULL: Final = "—"
 
 
 def as_mapping(value: Any) -> Mapping[str, Any]:
+    """``value`` if a mapping, else an empty one."""
     return value if isinstance(value, Mapping) else {}
 
 
 def as_items(value: Any) -> list[Any]:
+    """``value`` as a list if a sequence (text is not), else an empty list."""
     if not isinstance(value, Sequence) or isinstance(value, str | bytes):
         return []
     return list(value)
 
 
 def as_records(value: Any) -> list[Mapping[str, Any]]:
+    """The mappings among ``value``'s items."""
     return [item for item in as_items(value) if isinstance(item, Mapping)]
 
 
 def as_number(value: Any) -> float | None:
+    """``value`` if a finite number (a boolean is not), else None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return None if math.isnan(value) or math.isinf(value) else float(value)
 
 
 def fmt(value: Any, spec: str = ".0f") -> str:
+    """``value`` formatted by ``spec`` if a number, else :data:`NULL`."""
     number = as_number(value)
     return NULL if number is None else format(number, spec)
 
 
 def as_text(value: Any) -> str:
+    """``value`` as text, :data:`NULL` for None."""
     return NULL if value is None else str(value)
 
 
@@ -50,10 +56,12 @@ def plural(value: Any, noun: str) -> str:
 
 
 def verdict_ok(document: Mapping[str, Any]) -> bool:
+    """Whether the document's verdict says ok (a missing verdict is not)."""
     return as_mapping(document.get("verdict")).get("ok") is True
 
 
 def verdict_word(document: Mapping[str, Any]) -> str:
+    """``PASS`` or ``FAIL``."""
     return "PASS" if verdict_ok(document) else "FAIL"
 
 

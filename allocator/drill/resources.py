@@ -1,37 +1,6 @@
 """What each node uses over a soak (``allocator drill --duration``): memory (RSS), open
-files and threads, sampled from ``/proc`` and judged against a stated bound.
-
-Rules:
-
-- A sample reads ``/proc/<pid>/status`` (``VmRSS`` in kB, reported in MiB; ``Threads``) and
-  counts the entries of ``/proc/<pid>/fd``. A process can exit (or turn zombie, which has no
-  ``VmRSS``) between those reads: then :func:`sample` returns ``None`` and nothing is
-  recorded. A pid the kernel hands to another process between two reads is not detected
-  (it needs a wrap-around of the pid space within one sampling interval).
-- Nodes restart during a soak. An *incarnation* is a run of consecutive samples of one node
-  with the same pid; a new pid starts a new incarnation, and nothing is ever compared across
-  incarnations, so a restart never counts as growth (nor as shrinkage).
-- Warm-up: an incarnation's samples taken less than ``warmup_s`` (:data:`WARMUP_S`) after
-  its first sample are skipped (start-up allocations, connection pools filling). The first
-  sample is the first *observation*, so an incarnation older than the soak skips at least
-  its warm-up, never less.
-- An incarnation is *judged* when at least ``2 x MIN_WINDOW_SAMPLES`` of its samples are
-  left after the warm-up. With ``n`` such samples and ``k = min(WINDOW_SAMPLES, n // 2)``,
-  its growth per resource = median of its last ``k`` samples - median of its first ``k``
-  samples after the warm-up (the two windows never overlap). Medians, never single points,
-  so one spike (a burst of claims, a garbage collection) neither fails nor hides a leak.
-  Counts (open files, threads) use the lower median, so they stay integers.
-- A node's growth per resource is the largest growth of its judged incarnations, so the
-  longest-lived incarnation (where a slow leak shows most) always counts, and a faster leak
-  in a shorter one is not hidden by it. A node with no judged incarnation (it never lived
-  long enough past a warm-up) is listed in ``not_judged``, has no ``growth`` entry and does
-  not fail the run by itself.
-- The run's resources are ``ok`` when no node's growth exceeds :class:`Bound` in any
-  resource (strictly greater fails; equal passes). Each node and resource over the bound is
-  one line of ``problems``, naming the incarnation (pid) and its window.
-- :class:`Sampler` samples the current pid of every node every ``interval_s`` on one daemon
-  thread; it waits on an :class:`threading.Event` (never ``time.sleep``) so :meth:`stop`
-  returns within one sample, and its join is bounded. A failing pid lookup skips one tick.
+files and threads, sampled from ``/proc`` and judged against a stated :class:`Bound`
+(docs/design.md §9). A restart starts a new incarnation; nothing is compared across them.
 """
 
 from __future__ import annotations
@@ -71,13 +40,14 @@ class ProcessSample:
 
 @dataclass(frozen=True)
 class Bound:
-    """The largest growth a node may show in one incarnation (see the module rules)."""
+    """The largest growth a node may show in one incarnation (:func:`judge`)."""
 
     rss_growth_mib: float = 64
     fd_growth: int = 32
     thread_growth: int = 16
 
     def limit(self, resource: str) -> float:
+        """The bound on ``resource`` (one of :data:`RESOURCES`)."""
         return {
             "rss_mib": self.rss_growth_mib,
             "open_files": self.fd_growth,
@@ -107,7 +77,12 @@ class Entry:
 
 
 def sample(pid: int, root: Path = PROC) -> ProcessSample | None:
-    """The process's RSS, open files and threads now; ``None`` when it is gone or unreadable."""
+    """The process's RSS, open files and threads now; ``None`` when it is gone or unreadable.
+
+    Reads ``/proc/<pid>/status`` (``VmRSS`` in kB, reported in MiB; ``Threads``) and counts
+    ``/proc/<pid>/fd``. A process can exit (or turn zombie, which has no ``VmRSS``) between
+    those reads: then ``None``. A pid reused by another process between two samples is not
+    detected (it needs the pid space to wrap within one sampling interval)."""
     base = root / str(pid)
     try:
         status = (base / "status").read_text(encoding="utf-8", errors="replace")
@@ -163,7 +138,8 @@ class Growth:
 
 
 def incarnations(entries: Iterable[Entry]) -> list[list[Entry]]:
-    """Runs of consecutive entries with the same pid."""
+    """Runs of consecutive entries with the same pid: a new pid starts a new incarnation, so
+    a restart never counts as growth (nor as shrinkage)."""
     runs: list[list[Entry]] = []
     for entry in entries:
         if runs and runs[-1][-1].pid == entry.pid:
@@ -190,7 +166,15 @@ def incarnation_growth(
     window: int = WINDOW_SAMPLES,
     min_window: int = MIN_WINDOW_SAMPLES,
 ) -> dict[str, Growth] | None:
-    """One incarnation's growth per resource, or ``None`` when it is not judged."""
+    """One incarnation's growth per resource, or ``None`` when it is not judged.
+
+    Samples less than ``warmup_s`` after the incarnation's first sample are skipped
+    (start-up allocations, pools filling); the first sample is the first *observation*, so
+    an incarnation older than the soak skips at least its warm-up. Judged when at least
+    ``2 x min_window`` samples are left: with ``n`` of them and ``k = min(window, n // 2)``,
+    growth = median of the last ``k`` - median of the first ``k`` (the windows never
+    overlap). Medians, so one spike neither fails nor hides a leak; counts use the lower
+    median and stay integers."""
     if not run:
         return None
     judged = [e for e in run if e.t_s >= run[0].t_s + warmup_s]
@@ -217,7 +201,10 @@ def node_growth(
     window: int = WINDOW_SAMPLES,
     min_window: int = MIN_WINDOW_SAMPLES,
 ) -> dict[str, Growth] | None:
-    """Per resource, the largest growth of the node's judged incarnations; ``None`` if none."""
+    """Per resource, the largest growth of the node's judged incarnations; ``None`` if none.
+
+    The largest, so the longest-lived incarnation (where a slow leak shows most) counts, and
+    a faster leak in a shorter one is not hidden by it."""
     worst: dict[str, Growth] = {}
     for run in incarnations(entries):
         growth = incarnation_growth(run, warmup_s=warmup_s, window=window, min_window=min_window)
@@ -239,7 +226,13 @@ def judge(
     window: int = WINDOW_SAMPLES,
     min_window: int = MIN_WINDOW_SAMPLES,
 ) -> dict[str, Any]:
-    """The run document's ``resources`` object (see the module rules)."""
+    """The run document's ``resources`` object.
+
+    ``ok`` when no node's growth exceeds ``bound`` in any resource (strictly greater fails;
+    equal passes); each node and resource over it is one line of ``problems``, naming the
+    incarnation (pid) and its window. A node with no judged incarnation is listed in
+    ``not_judged``, has no ``growth`` entry and does not make ``ok`` false (the drill's
+    plan fails a soak on it all the same)."""
     bound = bound or Bound()
     nodes = log.nodes()
     growth: dict[str, dict[str, float | int]] = {}
@@ -275,7 +268,9 @@ class Sampler:
     ``pids`` names each node's current pid (a node without one is skipped that tick);
     ``t_s`` is ``clock() - origin_s`` (``origin_s`` defaults to ``clock()`` at :meth:`start`),
     so pass the run's own start to share its time axis. Use as a context manager, or
-    :meth:`start` and :meth:`stop`.
+    :meth:`start` and :meth:`stop`. One daemon thread, waiting on an Event (never
+    ``time.sleep``), so :meth:`stop` returns within one sample; a failing pid lookup skips
+    one tick.
     """
 
     def __init__(
@@ -300,6 +295,7 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="resource-sampler", daemon=True)
 
     def start(self) -> Sampler:
+        """Starts the sampling thread (and the time axis, unless ``origin_s`` was given)."""
         if self._origin_s is None:
             self._origin_s = self._clock()
         self._thread.start()

@@ -1,15 +1,5 @@
-"""What a drill measured: one round, one scenario, and the percentiles over them.
-
-Rules:
-
-- Pure data: nothing here reads a clock, a file or a server.
-- A round is *ok* when its faults were applied, a handover the scenario requires was seen
-  within its deadline, every fault was healed and the cluster became ready again. A round
-  of a scenario that only *may* hand over is ok without one; whether it did is recorded.
-- Percentiles are nearest-rank over the rounds that handed over (p99 of 20 rounds is the
-  max); a scenario without any handover reports nulls.
-- ``to_json`` is a scenario of docs/schemas/drill.schema.json (tests hold real output to it:
-  keys are added there, never removed or retyped).
+"""What a drill measured: one round, one scenario, and the percentiles over them. Pure data:
+nothing here reads a clock, a file or a server.
 """
 
 from __future__ import annotations
@@ -23,7 +13,8 @@ from allocator.core.verify import Violation
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
-    """Nearest-rank percentile ``p`` (0 < p <= 100) of ``values``; None when empty."""
+    """Nearest-rank percentile ``p`` (0 < p <= 100) of ``values`` (p99 of 20 is the max);
+    None when empty."""
     if not values:
         return None
     ordered = sorted(values)
@@ -47,6 +38,8 @@ def summarize(values_ms: Sequence[float]) -> dict[str, float | None]:
 
 @dataclass
 class RoundResult:
+    """One round: its faults, the leader it hit, the handover and what the consumers saw."""
+
     round: int
     faults: list[str] = field(default_factory=list)
     """The scenarios applied at once this round (one, or two in a mixed schedule)."""
@@ -70,6 +63,9 @@ class RoundResult:
 
     @property
     def ok(self) -> bool:
+        """The faults were applied, a handover the scenario requires came within its
+        deadline, every fault was healed and the cluster became ready again (a scenario
+        that only *may* hand over is ok without one; whether it did is recorded)."""
         return self.error is None
 
     def to_json(self) -> dict[str, Any]:
@@ -94,7 +90,10 @@ class RoundResult:
 
 @dataclass
 class ScenarioResult:
-    """One scenario (or a mixed schedule); :meth:`to_json` is the schema's ``scenario``."""
+    """One scenario (or a mixed schedule); :meth:`to_json` is a ``scenario`` of
+    docs/schemas/drill.schema.json (tests hold real output to it: keys are added there, never
+    removed or retyped). Handover percentiles are over the rounds that handed over; a
+    scenario without any reports nulls."""
 
     scenario: str
     session_timeout_ms: int
@@ -114,6 +113,7 @@ class ScenarioResult:
 
     @property
     def failed_rounds(self) -> int:
+        """Rounds not ok (skipped rounds included)."""
         return sum(not r.ok for r in self.rounds)
 
     def handover_times_ms(self, fault: str | None = None) -> list[float]:
@@ -125,6 +125,7 @@ class ScenarioResult:
         ]
 
     def handover_summary(self) -> dict[str, float | None]:
+        """p50/p90/p99/max of the handover times (:func:`summarize`)."""
         return summarize(self.handover_times_ms())
 
     def by_fault(self) -> dict[str, dict[str, Any]]:

@@ -1,33 +1,6 @@
-"""The drill's runner: rounds of faults against a ready cluster, measured and judged.
-
-Rules:
-
-- A round starts only when the cluster is ready (:mod:`allocator.drill.observe`); that
-  leader is the one the round's faults hit. The faults (one scenario, or two at once in a
-  mixed schedule) are injected, then the fence is polled every
-  ``FENCE_POLL_INTERVAL_S`` for a newer epoch held by another node (the handover), faults
-  are healed when due, and the round ends when everything is healed and the cluster is
-  ready again. Handover time = from the fault (:attr:`Fault.started_at`) to the first poll
-  that saw the newer epoch: resolution is the poll interval plus one query.
-- A round fails when a fault could not be applied or healed, a required handover did not
-  come within the scenario's deadline, or the cluster was not ready again within
-  ``READY_TIMEOUT_S + 2 x session timeout``. Failed rounds count in ``failed_rounds`` and
-  not in the percentiles; after ``MAX_CONSECUTIVE_FAILURES`` in a row the rest of that
-  scenario is skipped (recorded as failed), and a soak stops there (its schedule is
-  endless: the failed rounds already fail it). Whatever a round injected is healed before it
-  returns, whatever happened.
-- Consumers (the product's recorder, :mod:`allocator.drill.consumers`) claim throughout through
-  the consumer URL. ``claim_errors`` counts failed claims other than "pool empty" (SQLSTATE
-  AL003, counted apart as ``pool_empty``), ``claim_error_kinds`` the same by SQLSTATE.
-- The verdict after each scenario is the one invariant checker (:mod:`allocator.core.verify`)
-  over every record the consumers have so far and what :mod:`allocator.postgres.ledger` reads;
-  a scenario lists only the violations no earlier one reported.
-- ``stale_writes_rejected`` counts the ``fenced_write_rejected`` events (text or JSON
-  lines) the nodes logged during the scenario (local clusters: their log files); null when
-  the logs are not ours.
-- Every wait has a deadline; :meth:`Drill.close` closes everything :meth:`Drill.open`
-  opened (connections, the ZooKeeper client, the consumer and timeline threads), also
-  after a failed ``open``. Stopping the cluster is the caller's choice.
+"""The drill's runner: rounds of faults against a ready cluster, measured and judged
+(docs/design.md §9). Every wait has a deadline; whatever a round injected is healed before it
+returns.
 """
 
 from __future__ import annotations
@@ -104,7 +77,15 @@ class Sources:
 
 
 class Drill(Waits):
-    """Runs scenarios against a cluster that is up; see the module rules."""
+    """Runs scenarios against a cluster that is up.
+
+    Consumers (the product's recorder, :mod:`allocator.drill.consumers`) claim throughout
+    through the consumer URL: ``claim_errors`` counts failed claims other than "pool empty"
+    (AL003, counted apart as ``pool_empty``), ``claim_error_kinds`` the same by SQLSTATE.
+    ``stale_writes_rejected`` counts the ``fenced_write_rejected`` events (text or JSON
+    lines) the nodes logged during a scenario (local clusters: their log files); 0 when the
+    drill has no logs to read. Stopping the cluster is the caller's choice.
+    """
 
     def __init__(
         self,
@@ -133,6 +114,8 @@ class Drill(Waits):
     # -- lifecycle ----------------------------------------------------------------------------
 
     def open(self) -> None:
+        """Connects to ZooKeeper, waits for a first leader, starts the consumers and the
+        timeline; :meth:`close` undoes it, also after a failed ``open``."""
         logging.getLogger("kazoo").setLevel(logging.ERROR)  # reconnect chatter is noise here
         client = zkclient.client_for(
             self.target.zk_hosts, self._sources.zk_auth, timeout_s=ZK_TIMEOUT_S
@@ -150,6 +133,7 @@ class Drill(Waits):
         self.timeline.start()
 
     def close(self) -> None:
+        """Closes everything :meth:`open` opened (threads, connections, the ZooKeeper client)."""
         self.timeline.stop()
         try:
             self._consumers.stop()
@@ -179,6 +163,12 @@ class Drill(Waits):
     def _run(
         self, label: str, schedule: Sequence[tuple[str, ...]], until: float | None = None
     ) -> ScenarioResult:
+        """The rounds of ``schedule``, then the verdict.
+
+        Failed rounds count in ``failed_rounds``, not in the percentiles; after
+        :data:`MAX_CONSECUTIVE_FAILURES` in a row the rest is skipped (recorded as failed), and
+        a soak (``until``) stops there, its schedule being endless. The verdict lists only the
+        violations no earlier scenario reported."""
         for names in schedule:
             for name in names:
                 if name not in scenarios_mod.SCENARIOS:
@@ -309,6 +299,12 @@ class Drill(Waits):
     # -- one round ----------------------------------------------------------------------------
 
     def _round(self, names: tuple[str, ...], number: int) -> RoundResult:
+        """One round: wait until ready (that leader is the one the faults hit), inject, then
+        :meth:`_observe`; whatever was injected is healed before returning, whatever happened.
+
+        A round fails when a fault could not be applied or healed, a required handover did
+        not come within the scenario's deadline, or the cluster was not ready again within
+        :func:`ready_timeout_s`."""
         outcome = RoundResult(number, faults=list(names))
         try:
             leader = self.wait_ready()
@@ -372,7 +368,10 @@ class Drill(Waits):
         outcome: RoundResult,
     ) -> None:
         """Poll for the handover and heal what is due, until everything is healed and a
-        required handover was seen (or its deadline passed)."""
+        required handover was seen (or its deadline passed).
+
+        Handover time = from the fault (:attr:`Fault.started_at`) to the first poll that saw a
+        newer epoch held by another node: resolution is the poll interval plus one query."""
         must = any(s.must_hand_over for s in scenarios)
         started = faults[0].started_at
         deadline = started + max(s.handover_timeout_s(self.target) for s in scenarios)

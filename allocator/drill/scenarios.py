@@ -1,26 +1,7 @@
-"""Every fault the drill rehearses, as a scenario: what it needs, what it does, how it heals.
-
-Rules:
-
-- A scenario names the capabilities it needs (:data:`SIGNALS`: the nodes' processes,
-  :data:`SESSIONS`: the nodes' session files, :data:`ZK_SERVERS`, :data:`POSTGRES`,
-  :data:`STANDBY`, :data:`LINKS`: the nodes reach ZooKeeper and PostgreSQL through the
-  drill's proxies and start under its shim, :data:`STEP_DOWN`: the admin token). A target
-  that lacks one refuses the scenario before anything runs (:func:`refusal`).
-- ``inject`` applies the fault to a ready cluster and returns at once with a :class:`Fault`:
-  what it hit, the moment handover time counts from, and how and when to heal it
-  (``heal_at`` a monotonic time, or None: once the handover is seen or its deadline
-  passed). Only the clock scenarios block in ``inject``: they first make the skewed node
-  lead (restart it under libfaketime, then step down the nodes ahead of it).
-- ``must_hand_over``: the fault takes the leader out (its process, session or links), so
-  a newer epoch held by another node must follow within ``handover_timeout_s``. The others
-  (a short ZooKeeper cut, one ZooKeeper server, quorum, PostgreSQL restart or failover)
-  *may* hand over; a round of theirs is judged by recovery and the checker alone.
-- Durations derive from the session timeout: a short cut lasts a third of it, a long cut
-  and a pause twice it (past the session), quorum loss one and a half.
-- Faults act only through real mechanisms: the cluster manager's signals and server stops,
-  a second client closing the leader's ZooKeeper session with the credentials of its
-  session file (:func:`allocator.session.reaper.close_session`), the drill's proxies, libfaketime.
+"""Every fault the drill rehearses, as a :class:`Scenario`: what it needs, what it does, how it
+heals. Faults act only through real mechanisms: the cluster manager's signals and server
+stops, a second client closing the leader's ZooKeeper session with the credentials of its
+session file (:func:`allocator.session.reaper.close_session`), the drill's proxies, libfaketime.
 """
 
 from __future__ import annotations
@@ -44,6 +25,9 @@ from allocator.session import reaper
 
 log = logs.get_logger(__name__)
 
+# The capabilities a scenario may need: the nodes' processes, their session files, the
+# ZooKeeper servers, PostgreSQL, a standby, LINKS (the nodes reach ZooKeeper and PostgreSQL
+# through the drill's proxies and start under its shim) and the admin token.
 SIGNALS: Final = "signals"
 SESSIONS: Final = "sessions"
 ZK_SERVERS: Final = "zk-servers"
@@ -83,9 +67,12 @@ class Target:
 
     @property
     def session_s(self) -> float:
+        """The session timeout in seconds; fault durations derive from it (a short cut lasts
+        a third of it, a long cut and a pause twice it, quorum loss one and a half)."""
         return self.session_timeout_ms / 1000
 
     def capabilities(self) -> frozenset[str]:
+        """What this target lets a fault do (:data:`SIGNALS`, :data:`LINKS`, ...)."""
         found = {STEP_DOWN} if self.admin_token else set()
         if self.local is not None:
             found |= {SIGNALS, ZK_SERVERS, POSTGRES}
@@ -98,11 +85,13 @@ class Target:
         return frozenset(found)
 
     def cluster(self) -> LocalCluster:
+        """The local cluster, or DrillError for a deployed one."""
         if self.local is None:
             raise DrillError("this fault needs process control of the cluster")
         return self.local
 
     def node_links(self) -> Links:
+        """The drill's links, or DrillError when the nodes run without them."""
         if self.links is None:
             raise DrillError("this fault needs the drill's links to the nodes")
         return self.links
@@ -110,6 +99,9 @@ class Target:
 
 @dataclass
 class Fault:
+    """What ``inject`` applied: what it hit, the moment handover time counts from, and how
+    and when to heal it."""
+
     scenario: str
     target: str | None
     started_at: float
@@ -123,6 +115,7 @@ class Fault:
 
     @property
     def healed(self) -> bool:
+        """Nothing to heal, or healed already."""
         return self.heal is None or self.healed_at is not None
 
 
@@ -130,6 +123,7 @@ class Waits:
     """What a blocking ``inject`` may wait for (the runner provides it)."""
 
     def wait_ready(self) -> Leader:
+        """Until the cluster is ready for a round; its leader."""
         raise NotImplementedError
 
     def wait_newer(self, than: Leader) -> Leader:
@@ -146,6 +140,17 @@ Inject = Callable[[Target, Leader, Waits], Fault]
 
 @dataclass(frozen=True)
 class Scenario:
+    """One fault: the capabilities it ``needs`` and its ``inject``.
+
+    ``inject`` applies the fault to a ready cluster and returns at once with a
+    :class:`Fault`; only the clock scenarios block in it (they first make the skewed node
+    lead: restart it under libfaketime, then step down the nodes ahead of it).
+    ``must_hand_over``: the fault takes the leader out (its process, session or links), so a
+    newer epoch held by another node must follow within :meth:`handover_timeout_s`; the
+    others (a short ZooKeeper cut, one ZooKeeper server, quorum, PostgreSQL restart or
+    failover) *may* hand over, and a round of theirs is judged by recovery and the checker.
+    """
+
     name: str
     needs: frozenset[str]
     must_hand_over: bool
@@ -154,6 +159,7 @@ class Scenario:
     """Added to the handover deadline (a fault whose detection has its own delay)."""
 
     def handover_timeout_s(self, target: Target) -> float:
+        """How long a required handover may take on ``target``."""
         base = HANDOVER_TIMEOUT_FACTOR * target.session_s + HANDOVER_TIMEOUT_MARGIN_S
         return base + self.extra_timeout_s(target)
 

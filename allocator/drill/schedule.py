@@ -1,17 +1,4 @@
-"""The mixed schedule: a random, seeded sequence of faults, sometimes two at once.
-
-Rules:
-
-- :func:`mixed` is pure: the same seed, round count and allowed scenarios give the same
-  schedule (``random.Random(seed)``, nothing else random), so ``--seed`` repeats a run.
-- Each round draws one scenario uniformly from those the target allows. With probability
-  :data:`PAIR_PROBABILITY` a round whose fault hits the leader's process or session also
-  gets a server fault at the same moment (:data:`PAIRABLE_SERVER_FAULTS`): a crash while
-  a ZooKeeper server or PostgreSQL restarts. Pairs are limited to those whose expected
-  outcome is still clear (the node fault's handover must follow, the server comes back);
-  the clock and partition scenarios always run alone.
-- A soak (:func:`soak`) is the same draw over :data:`SURVIVABLE` faults only.
-"""
+"""The mixed schedule: a random, seeded sequence of faults, sometimes two at once."""
 
 from __future__ import annotations
 
@@ -34,7 +21,14 @@ every minute has nothing to leak; the mixed schedule covers the faults that rest
 
 
 def mixed(seed: int, rounds: int, allowed: Iterable[str]) -> list[tuple[str, ...]]:
-    """``rounds`` rounds, each the scenario names applied at once (one or two)."""
+    """``rounds`` rounds, each the scenario names applied at once (one or two).
+
+    Pure: the same seed, round count and allowed scenarios give the same schedule
+    (``random.Random(seed)``, nothing else random), so ``--seed`` repeats a run. Each round
+    draws one scenario uniformly; with probability :data:`PAIR_PROBABILITY` a round whose
+    fault hits the leader's process or session also gets a server fault at the same moment
+    (:data:`PAIRABLE_SERVER_FAULTS`): only pairs whose expected outcome stays clear (the
+    handover must follow, the server comes back); clock and partition faults run alone."""
     names = sorted(set(allowed))
     if not names:
         raise ValueError("no scenario is allowed on this target")

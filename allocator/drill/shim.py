@@ -1,35 +1,9 @@
-"""The node command of a drilled cluster: point a node at its proxies, skew its clock, exec it.
+"""The node command of a drilled cluster: point a node at its proxies, skew its clock, run it.
 
-Usage: ``python -m allocator.drill.shim --links DIR -- <node argv...>``; the drill gives it to
-the embedded cluster as the node command, so the supervisor starts every node through it.
-
-Rules:
-
-- The node's name comes from ``ALLOCATOR_NODE_NAME`` (read from
-  :func:`allocator.config.process_environment`, like every variable here), and its links
-  from ``DIR/<name>.json`` (:mod:`allocator.drill.links`).
-- In ``ALLOCATOR_ZOOKEEPER_HOSTS`` and ``ALLOCATOR_POSTGRES_URL`` every
-  ``127.0.0.1:<port>`` whose port the file maps becomes ``127.0.0.1:<proxy port>``; a port
-  is matched whole (5432 never matches inside 54321), and nothing else changes: not the
-  chroot, not the user, the database or the query of the URL, not another variable.
-- ``"faketime": "+1h"`` runs the node under libfaketime: ``LD_PRELOAD`` (the library found
-  at one of :data:`LIBFAKETIME_PATHS`, put before any preload already set; none found:
-  exit 69), ``FAKETIME=<offset>`` and ``FAKETIME_DONT_FAKE_MONOTONIC=1``, without which
-  Python's threading waits never return. Only the wall clock moves. (Under libfaketime
-  ``time.sleep`` fails with EINVAL on Python 3.11; the node never calls it.)
-- No links file means no drill: the node runs unchanged, with direct links. That is how a
-  cluster kept after a drill returns to direct links, each node at its next restart.
-- A links file that cannot be used, or no ``ALLOCATOR_NODE_NAME``: exit 78 with one line
-  on stderr. The node is then never started with links half applied.
-- The node keeps the shim's pid *and command line*: the supervisor records a node as pid,
-  argv and start time, and judges it alive (and signals it) only while all three match.
-  So the shim never execs the node's own argv. With links to apply it re-execs itself
-  (``sys.orig_argv``: the very command line the supervisor started) with the rewritten
-  environment and :data:`APPLIED_VAR` set; that second pass, or a first pass without
-  links, runs the node's module in this process (``runpy``, as ``python -m`` would).
-  The node argv must therefore be ``<python> -m <module> [args]``; anything else is
-  refused (exit 78). Signals and the exit code are the node's own.
-- :func:`node_env` is pure (the unit tests' seam); only :func:`main` reads and execs.
+Usage: ``python -m allocator.drill.shim --links DIR -- <python> -m <module> [args]``; the
+drill gives it to the embedded cluster as the node command, so the supervisor starts every
+node through it. :func:`node_env` is pure (the unit tests' seam); only :func:`main` reads
+and execs.
 """
 
 from __future__ import annotations
@@ -73,7 +47,8 @@ _ADDRESS = re.compile(rf"(?<![0-9.]){re.escape(LOOPBACK)}:([0-9]+)")
 
 def rewrite_addresses(text: str, ports: Mapping[int, int]) -> str:
     """``text`` with each ``127.0.0.1:<upstream>`` that ``ports`` maps made
-    ``127.0.0.1:<proxy>``; every other character as it was."""
+    ``127.0.0.1:<proxy>``; every other character as it was (a port is matched whole: 5432
+    never matches inside 54321; the chroot, user, database and query stay)."""
 
     def swap(match: re.Match[str]) -> str:
         proxy = ports.get(int(match.group(1)))
@@ -85,8 +60,14 @@ def rewrite_addresses(text: str, ports: Mapping[int, int]) -> str:
 def node_env(
     env: Mapping[str, str], links: NodeLinks | None, libfaketime: Path | None
 ) -> dict[str, str]:
-    """The node's environment: ``env`` with ``links`` applied (module rules); ``links``
-    None gives ``env`` unchanged. ``libfaketime`` is needed when ``links.faketime`` is set."""
+    """The node's environment: ``env`` with ``links`` applied; ``links`` None gives ``env``
+    unchanged. ``libfaketime`` is needed when ``links.faketime`` is set.
+
+    Only :data:`REWRITTEN_VARS` change (:func:`rewrite_addresses`). A clock offset runs the
+    node under libfaketime: ``LD_PRELOAD`` (put before any preload already set),
+    ``FAKETIME=<offset>`` and ``FAKETIME_DONT_FAKE_MONOTONIC=1``, without which Python's
+    threading waits never return; only the wall clock moves. (Under libfaketime
+    ``time.sleep`` fails with EINVAL on Python 3.11; the node never calls it.)"""
     result = dict(env)
     if links is None:
         return result
@@ -188,8 +169,20 @@ def _run_module(module: str, args: list[str]) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the node of ``argv`` (default: this process's arguments) with its links; see the
-    module rules. Returns the node's exit code, or the shim's own when it cannot run it."""
+    """Run the node of ``argv`` (default: this process's arguments) with its links. Returns
+    the node's exit code, or the shim's own when it cannot run it.
+
+    The node's name is ``ALLOCATOR_NODE_NAME``, its links ``DIR/<name>.json``
+    (:mod:`allocator.drill.links`). No links file means no drill: the node runs unchanged
+    (how a kept cluster returns to direct links, each node at its next restart). A links
+    file that cannot be used, no node name or an argv other than ``<python> -m <module>``:
+    exit 78 with one line on stderr (no libfaketime: 69), so a node never starts with links
+    half applied. The node keeps the shim's pid *and command line*, because the supervisor
+    judges a node alive (and signals it) only while pid, argv and start time all match: so
+    the shim never execs the node's argv. With links it re-execs itself (``sys.orig_argv``)
+    with the rewritten environment and :data:`APPLIED_VAR` set; that pass, or one without
+    links, runs the node's module in this process (``runpy``, as ``python -m`` would).
+    Signals and the exit code are the node's own."""
     links_dir, node_argv = _parse(sys.argv[1:] if argv is None else argv)
     target = node_module(node_argv)
     if target is None:

@@ -1,7 +1,6 @@
-"""Every statement the drill runs, in one place (read-only; superuser or a reader's URL).
-
-Rules: the drill reads, never writes: the fence row, the pool's level. The verdict's reads
-are :mod:`allocator.postgres.ledger`'s. Nothing here names a table the claim path writes.
+"""Every statement the drill runs, in one place. The drill reads, never writes (the fence row,
+the pool's level; a superuser or a reader's URL), and nothing here names a table the claim
+path writes; the verdict's reads are :mod:`allocator.postgres.ledger`'s.
 """
 
 from __future__ import annotations

@@ -1,21 +1,4 @@
-"""The drill's timeline: who served as leader when, the pool's level, claims/s, the faults.
-
-Rules:
-
-- One :class:`Timeline` per run; times are seconds since the run started (monotonic).
-- A sampler thread takes a sample every :data:`SAMPLE_INTERVAL_S`: the fence and the
-  pool's level on a connection of its own, the consumers' claim count, and the fence
-  holder's own ``/status``. The leader at that moment is the fence holder if it serves
-  (:func:`~allocator.drill.observe.node_serves`); else nobody serves (a paused holder
-  answers nothing). A database that cannot be read gives a null level and no leader.
-- *Leaderless time* is the sum of the sample intervals that end with nobody serving; its
-  resolution is the sample interval. *Runway* at a sample is the pool's level divided by
-  the claim rate over the last :data:`RATE_WINDOW_S` (null while nothing is claimed); the
-  *worst runway* is the sample with the lowest level.
-- Faults are recorded by the runner (:meth:`Timeline.fault`, :meth:`Timeline.healed`).
-- The thread is a daemon, waits on an Event (never sleeps through a stop), and every read
-  has a timeout; :meth:`Timeline.stop` joins it with a bound.
-"""
+"""The drill's timeline: who served as leader when, the pool's level, claims/s, the faults."""
 
 from __future__ import annotations
 
@@ -40,6 +23,8 @@ JOIN_TIMEOUT_S: Final = 10.0
 
 @dataclass
 class Sample:
+    """One sample of the timeline: pool level, claims so far and their rate, who served."""
+
     t_s: float
     available_blocks: int | None
     claims: int
@@ -58,6 +43,8 @@ class Sample:
 
 @dataclass
 class FaultMark:
+    """A fault on the timeline: when it was injected and healed, its handover and outcome."""
+
     scenario: str
     round: int
     at_s: float
@@ -79,7 +66,15 @@ class FaultMark:
 
 
 class Timeline:
-    """Samples the cluster in a thread; see the module rules."""
+    """Samples the cluster in a thread; one per run, times in seconds since it started.
+
+    Every :data:`SAMPLE_INTERVAL_S`: the fence and the pool's level on a connection of its
+    own, the consumers' claim count, and the fence holder's own ``/status``. The leader then
+    is the fence holder if it serves (:func:`~allocator.drill.observe.node_serves`), else
+    nobody (a paused holder answers nothing); an unreadable database gives a null level and
+    no leader. The thread is a daemon waiting on an Event, every read has a timeout, and
+    :meth:`stop` joins it with a bound. The runner records the faults (:meth:`fault`).
+    """
 
     def __init__(
         self,
@@ -101,9 +96,11 @@ class Timeline:
         self._thread: threading.Thread | None = None
 
     def now_s(self) -> float:
+        """Seconds since :meth:`start`."""
         return self._clock() - self.started
 
     def at_s(self, monotonic: float) -> float:
+        """A monotonic time on the timeline's axis."""
         return monotonic - self.started
 
     def start(self) -> None:
@@ -113,6 +110,7 @@ class Timeline:
         self._thread.start()
 
     def stop(self) -> None:
+        """Stops sampling; the join is bounded."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(JOIN_TIMEOUT_S)
@@ -120,6 +118,7 @@ class Timeline:
         self._fence.close()
 
     def fault(self, scenario: str, round_number: int, at: float, target: str | None) -> FaultMark:
+        """Records a fault injected at monotonic time ``at``; the mark the runner completes."""
         mark = FaultMark(scenario, round_number, self.at_s(at), target)
         with self._lock:
             self.faults.append(mark)
@@ -164,7 +163,8 @@ class Timeline:
     # -- figures ------------------------------------------------------------------------------
 
     def leaderless_s(self, from_s: float = 0.0, to_s: float = float("inf")) -> float:
-        """Time in [from_s, to_s] that ended with nobody serving as leader (see rules)."""
+        """Time in [from_s, to_s] that ended with nobody serving as leader: the sum of the
+        sample intervals that end with nobody serving (resolution: the sample interval)."""
         with self._lock:
             samples = list(self.samples)
         total = 0.0
@@ -174,6 +174,8 @@ class Timeline:
         return total
 
     def worst_runway(self) -> dict[str, Any] | None:
+        """The sample with the lowest pool level, with its runway (the level over the claim
+        rate of the last :data:`RATE_WINDOW_S`; null while nothing is claimed)."""
         with self._lock:
             known = [s for s in self.samples if s.available_blocks is not None]
         if not known:
@@ -208,6 +210,7 @@ class Timeline:
         return spans
 
     def to_json(self, end_s: float) -> dict[str, Any]:
+        """The document's ``timeline``: leadership intervals, faults and samples."""
         with self._lock:
             samples = [s.to_json() for s in self.samples]
             faults = [f.to_json() for f in self.faults]

@@ -1,25 +1,5 @@
 """The node's admin HTTP server: /metrics, /healthz, /readyz, /status, /cluster, the status
-page at /, POST /step-down.
-
-Rules:
-
-- Binds where ``node.admin_address`` says (loopback by default). The read endpoints (``GET``
-  or ``HEAD``) are open to whoever reaches the address, so a remote Prometheus can scrape a
-  node bound to ``0.0.0.0:<port>`` or one interface; bound to a wildcard address, the node
-  advertises ``http://<hostname>:<port>``.
-- ``POST /step-down`` needs ``Authorization: Bearer <node.admin_token>``, compared in
-  constant time: no header or another scheme is ``401`` with ``WWW-Authenticate: Bearer``, a
-  wrong token ``403``, and with no token configured step-down is disabled (``403``). It
-  answers ``202`` when the node leads and will hand over, ``409`` when it does not lead.
-- Unknown path ``404``; a known path with another method ``405`` with ``Allow``. The bounds
-  and the other error answers (400, 408, 411, 413, 414, 431, 503, 505; 500 for a bug) are
-  :mod:`allocator.http.server`'s: ``node.admin_max_threads`` worker threads, a total deadline of
-  ``node.admin_timeout_s`` per request, bounded head and body. Every body is one line of JSON
-  but ``/metrics`` (Prometheus text) and ``/`` (the read-only status page,
-  :mod:`allocator.http.status_page`, with its Content-Security-Policy; it reads ``/status`` and
-  ``/cluster``, the cluster as this node last read it, :mod:`allocator.node.cluster_view`).
-- Handlers only read snapshots and set flags: they never block on ZooKeeper or PostgreSQL.
-  Started and stopped by the node.
+page at / and POST /step-down (docs/design.md §7; each status in docs/admin-http.md).
 """
 
 from __future__ import annotations
@@ -50,6 +30,19 @@ STATUSES = frozenset(
 
 
 class AdminServer:
+    """The admin endpoints on a :class:`BoundedHTTPServer`, started and stopped by the node.
+
+    Binds ``address`` (``node.admin_address``, loopback by default). The read endpoints (GET,
+    HEAD) are open to whoever reaches the address, so a remote Prometheus can scrape a node
+    bound to ``0.0.0.0:<port>`` or one interface. Handlers only read snapshots and set flags:
+    they never block on ZooKeeper or PostgreSQL. Every body is one line of JSON but
+    ``/metrics`` (Prometheus text) and ``/`` (:mod:`allocator.http.status_page`, which reads
+    ``/status`` and ``/cluster``: the cluster as this node last read it). The bounds and the
+    other error answers (400, 408, 411, 413, 414, 431, 503, 505; 500 for a bug) are
+    :mod:`allocator.http.server`'s: ``max_threads`` workers, a total deadline of
+    ``timeout_s`` per request.
+    """
+
     def __init__(
         self,
         address: str,
@@ -90,6 +83,7 @@ class AdminServer:
         return f"http://{host!s}:{port}"
 
     def start(self) -> None:
+        """Binds and starts serving (raises OSError when the address is taken)."""
         server = BoundedHTTPServer(
             self._bind,
             self._handler_class(),
@@ -100,6 +94,7 @@ class AdminServer:
         self._server = server
 
     def stop(self) -> None:
+        """Closes every connection; a no-op when not started."""
         if self._server is not None:
             self._server.stop()
             self._server = None
@@ -127,6 +122,12 @@ class AdminServer:
         request.reply(200, status_page.PAGE, status_page.CONTENT_TYPE, status_page.HEADERS)
 
     def _step_down_page(self, request: Handler) -> None:
+        """``POST /step-down``: needs ``Authorization: Bearer <node.admin_token>``.
+
+        The token is compared in constant time. No header or another scheme is 401 with
+        ``WWW-Authenticate: Bearer``; a wrong token 403; no token configured means step-down
+        is disabled (403). 202 when the node leads and will hand over, 409 when it does not.
+        """
         if not self._token:
             request.reply_error(403, "step-down is disabled: node.admin_token is not set")
             return
@@ -162,6 +163,7 @@ class AdminServer:
 
         class AdminHandler(Handler):
             def route(self) -> None:
+                # unknown path 404; a known path with another method 405 with Allow
                 methods = routes.get(self.path.partition("?")[0])
                 if methods is None:
                     self.reply_error(404, "not found")

@@ -1,29 +1,7 @@
-"""A small HTTP/1.1 server with hard bounds, for the node's admin endpoints.
+"""A small HTTP/1.1 server with hard bounds, for the node's admin endpoints (docs/design.md §7).
 
-Rules:
-
-- One loop thread owns the listening socket and every connection that is not in a worker. It
-  accepts without ever blocking and reads request heads itself, non-blocking, so a client that
-  dribbles bytes (slowloris) holds a socket, never a thread.
-- A request goes to the bounded worker pool (``max_threads`` threads) only once its whole head
-  has arrived. Heads waiting for a worker queue up to ``4 * max_threads``; beyond that the loop
-  answers ``503`` itself.
-- Every connection has a total deadline: the whole head must arrive within ``timeout_s`` of
-  the accept (else ``408``), and the answer must be written within ``timeout_s`` of
-  its start (else the connection is dropped). A per-recv timeout would restart on every byte;
-  this one does not.
-- At most ``max_connections`` (default ``16 * max_threads``) sockets are open (being read, in
-  a worker, or lingering); a connection beyond that gets ``503`` and is closed at once.
-- Size bounds: request line ``MAX_REQUEST_LINE_BYTES`` (else ``414``), whole head
-  ``MAX_HEAD_BYTES`` or more than 100 header lines (else ``431``), body ``MAX_BODY_BYTES``
-  by ``Content-Length`` (else ``413``); no ``Transfer-Encoding`` (``411``). Bodies are never
-  read: after the answer the loop discards what the client still sends (at most
-  ``MAX_DRAIN_BYTES``, for at most ``LINGER_S``) so that the client sees the answer rather than
-  a reset.
-- One request per connection: every answer carries ``Connection: close``.
-- Every answer, errors included, has a one-line JSON body (``{"error": "..."}`` for errors),
-  never a traceback; a handler that raises is logged and answered ``500``. Access logs (debug
-  level) carry the request line only, never a header.
+One loop thread reads request heads without blocking, so a client that dribbles bytes
+(slowloris) holds a socket, never a thread; a bounded pool of workers answers whole heads.
 """
 
 from __future__ import annotations
@@ -74,6 +52,7 @@ def frame_head(buf: bytes | bytearray, start: int = 0) -> int | tuple[int, str] 
     """Where the request head in ``buf`` ends, an error (status, message), or None: need more.
 
     ``start`` is where to resume looking for the end of the head (bytes before it were looked at).
+    A request line over ``MAX_REQUEST_LINE_BYTES`` is 414, a head over ``MAX_HEAD_BYTES`` 431.
     """
     line_end = buf.find(b"\n", 0, MAX_REQUEST_LINE_BYTES + 1)
     if line_end < 0:
@@ -138,7 +117,8 @@ class Handler(BaseHTTPRequestHandler):
 
     ``self.request`` is the :class:`Exchange`; the head is parsed by the standard library, the
     answer is written under the exchange's deadline, and every answer goes through
-    :meth:`reply` (errors through :meth:`reply_error`).
+    :meth:`reply` (errors through :meth:`reply_error`). Every answer, errors included, has a
+    one-line JSON body (``{"error": "..."}``) but what a route sends itself; never a traceback.
     """
 
     server_version = "allocator"
@@ -162,9 +142,11 @@ class Handler(BaseHTTPRequestHandler):
             log.debug("admin_http_dropped", error=type(exc).__name__)
 
     def route(self) -> None:
+        """Answers the parsed request; the default knows no path."""
         self.reply_error(404, "not found")
 
     def _handle(self) -> None:
+        """Parses, checks framing and routes; a route that raises is logged and answered 500."""
         self.raw_requestline = self.rfile.readline(MAX_REQUEST_LINE_BYTES + 1)
         if not self.parse_request():
             if not self._answered:
@@ -187,6 +169,8 @@ class Handler(BaseHTTPRequestHandler):
                 self.reply_error(500, "internal error")
 
     def _check_framing(self) -> tuple[int, str] | None:
+        """No ``Transfer-Encoding`` (411); one well-formed ``Content-Length`` up to
+        ``MAX_BODY_BYTES`` (else 400, 413). The body itself is never read."""
         if self.headers.get("Transfer-Encoding") is not None:
             return 411, "send Content-Length; Transfer-Encoding is not accepted"
         lengths = {value.strip() for value in self.headers.get_all("Content-Length") or ()}
@@ -206,6 +190,7 @@ class Handler(BaseHTTPRequestHandler):
         content_type: str,
         headers: tuple[tuple[str, str], ...] = (),
     ) -> None:
+        """Sends one whole answer; one request per connection, so always ``Connection: close``."""
         self.send_response(code)
         self.send_header("Content-Type", content_type)
         self.send_header("Content-Length", str(len(body)))
@@ -219,11 +204,13 @@ class Handler(BaseHTTPRequestHandler):
     def reply_json(
         self, code: int, document: object, headers: tuple[tuple[str, str], ...] = ()
     ) -> None:
+        """Sends ``document`` as a one-line JSON body."""
         self.reply(code, json.dumps(document).encode(), "application/json", headers)
 
     def reply_error(
         self, code: int, message: str, headers: tuple[tuple[str, str], ...] = ()
     ) -> None:
+        """Sends ``{"error": message}``."""
         self.reply_json(code, {"error": message}, headers)
 
     # -- the standard library's hooks ------------------------------------------------------
@@ -250,8 +237,18 @@ class Handler(BaseHTTPRequestHandler):
 
 
 class BoundedHTTPServer:
-    """Serves ``handler_class`` (a :class:`Handler`) under the module's bounds; binds at once,
-    serves once :meth:`start` is called, and :meth:`stop` closes every socket."""
+    """Serves ``handler_class`` (a :class:`Handler`) under hard bounds; binds at once, serves
+    once :meth:`start` is called, and :meth:`stop` closes every socket.
+
+    - A request goes to the ``max_threads`` workers only once its whole head has arrived;
+      heads waiting for a worker queue up to ``QUEUE_PER_THREAD * max_threads``, beyond that
+      the loop answers 503 itself.
+    - Every connection has a total deadline: the whole head within ``timeout_s`` of the accept
+      (else 408), the answer written within ``timeout_s`` of its start (else dropped). A
+      per-recv timeout would restart on every byte; this one does not.
+    - At most ``max_connections`` (default ``CONNECTIONS_PER_THREAD * max_threads``) sockets
+      are open (being read, in a worker, or lingering); one more gets 503 and is closed.
+    """
 
     def __init__(
         self,
@@ -284,6 +281,7 @@ class BoundedHTTPServer:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> None:
+        """Starts the loop thread and the workers."""
         loop = threading.Thread(target=self._loop, name="admin-http", daemon=True)
         workers = [
             threading.Thread(target=self._work, name=f"admin-http-{i}", daemon=True)
@@ -322,6 +320,7 @@ class BoundedHTTPServer:
     # -- the loop thread -------------------------------------------------------------------
 
     def _loop(self) -> None:
+        """Owns the listener and every connection not in a worker; never blocks on a client."""
         sel = self._selector
         sel.register(self._listener, selectors.EVENT_READ)
         sel.register(self._wake_r, selectors.EVENT_READ)
@@ -419,6 +418,8 @@ class BoundedHTTPServer:
             self._close(conn)
 
     def _linger(self, conn: _Conn) -> None:
+        """After an answer, discards what the client still sends (at most ``MAX_DRAIN_BYTES``
+        for at most ``LINGER_S``) so that it sees the answer rather than a reset."""
         try:
             conn.sock.shutdown(socket.SHUT_WR)
         except OSError:

@@ -1,16 +1,7 @@
-"""The read-only status page every node serves at ``/`` of its admin address.
+"""The read-only status page every node serves at ``/`` of its admin address (docs/design.md §7).
 
-Rules:
-
-- One self-contained HTML document: its CSS and script are inline, nothing is fetched from
-  elsewhere (no CDN, no font, no image); the script only reads this node's ``status`` and
-  ``cluster`` JSON (relative URLs, so the page also works behind a proxy under a prefix), once
-  a second, and renders them. Read-only: no form, no button, nothing that POSTs.
-- Values reach the page as text (``textContent``), never as markup, so whatever a znode or
-  a host name holds cannot inject anything.
-- :data:`HEADERS` go with it: a Content-Security-Policy that allows exactly this script and
-  this style (by their SHA-256), requests to this origin only, and nothing else (no frames, no
-  forms, no base URL), plus ``nosniff``, no referrer and no caching.
+One self-contained HTML document served with :data:`HEADERS`; it only reads this node's
+``status`` and ``cluster`` JSON and renders it.
 """
 
 from __future__ import annotations
@@ -43,6 +34,10 @@ th { font-weight: 600; font-size: .8rem; color: var(--muted); }
           margin: .8rem 0; border-radius: 4px; }
 """
 
+# Reads this node's ``status`` and ``cluster`` JSON once a second by relative URLs (so the page
+# also works behind a proxy under a prefix) and renders values as text (``textContent``), never
+# as markup, so whatever a znode or a host name holds cannot inject anything. Read-only: no
+# form, no button, nothing that POSTs.
 _SCRIPT = """
 "use strict";
 const REFRESH_MS = 1000;
@@ -242,6 +237,8 @@ def _sha256(text: str) -> str:
     return "'sha256-" + base64.b64encode(hashlib.sha256(text.encode()).digest()).decode() + "'"
 
 
+# One self-contained document: CSS and script inline, nothing fetched from elsewhere (no CDN,
+# no font, no image).
 PAGE: Final = (
     "<!doctype html>\n<html lang=en>\n<head>\n<meta charset=utf-8>\n"
     '<meta name=viewport content="width=device-width, initial-scale=1">\n'
@@ -251,6 +248,8 @@ PAGE: Final = (
     f"<style>{_STYLE}</style>\n</head>\n<body>{_BODY}<script>{_SCRIPT}</script>\n</body>\n</html>\n"
 ).encode()
 
+# Allows exactly this script and this style (by their SHA-256), requests to this origin only,
+# and nothing else (no frames, no forms, no base URL).
 CONTENT_SECURITY_POLICY: Final = "; ".join(
     (
         "default-src 'none'",
@@ -264,6 +263,7 @@ CONTENT_SECURITY_POLICY: Final = "; ".join(
     )
 )
 
+# Sent with :data:`PAGE`: the policy above, ``nosniff``, no referrer and no caching.
 HEADERS: Final = (
     ("Content-Security-Policy", CONTENT_SECURITY_POLICY),
     ("X-Content-Type-Options", "nosniff"),

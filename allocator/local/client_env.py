@@ -1,26 +1,4 @@
-"""The environment that points the CLI at an embedded cluster (``allocator local env``).
-
-Rules:
-
-- The variables come from the cluster's record (:class:`~allocator.local.info.ClusterInfo`):
-  ``ALLOCATOR_ZOOKEEPER_HOSTS`` (the ensemble plus the nodes' chroot),
-  ``ALLOCATOR_POSTGRES_URL`` (the nodes' login role, ``allocator_node_login``: what
-  ``status``, ``watch`` and ``fence status`` read), ``ALLOCATOR_CLAIM_DATABASE_URL``
-  (``allocator_app``, a consumer, for ``claim``), ``ALLOCATOR_LOCAL_STATE_DIR`` (so every
-  ``allocator local`` command of that shell acts on this cluster), and the secrets as files:
-  ``ALLOCATOR_ZOOKEEPER_AUTH_FILE`` (the cluster's ZooKeeper identity) and
-  ``ALLOCATOR_NODE_ADMIN_TOKEN_FILE`` (for ``step-down``), read by
-  :mod:`allocator.config` like any ``*_FILE`` secret.
-- No secret value is ever among the variables: each secret is written to a file of its own
-  in ``<state>/secrets/`` (folder 0700, file 0600, replaced atomically, and only when its
-  text changed) and the variable names that file. The URLs carry no password (``trust``
-  on loopback, :mod:`allocator.local.postgres`). ``local down --purge`` removes the folder.
-- Variables that would win over these or clash with them are listed to unset:
-  ``ALLOCATOR_CONFIG`` (a production file's keys would mix in), the secrets' value
-  variables (a value and its ``_FILE`` together are an error), ``ALLOCATOR_POSTGRES_URL_FILE``
-  and ``ALLOCATOR_CLAIM_DATABASE_URL_FILE``.
-- Every path is absolute, so the exports work from any folder.
-"""
+"""The environment that points the CLI at an embedded cluster (``allocator local env``)."""
 
 from __future__ import annotations
 
@@ -40,6 +18,8 @@ STATE_DIR_ENV = "ALLOCATOR_LOCAL_STATE_DIR"
 CLAIM_URL_ENV = "ALLOCATOR_CLAIM_DATABASE_URL"
 ZK_AUTH_FILE = "zookeeper-auth"
 ADMIN_TOKEN_FILE = "admin-token"  # noqa: S105 (a file name)
+# Variables that would win over ours or clash with them: a production file's keys would mix
+# in (ALLOCATOR_CONFIG); a secret's value and its _FILE together are an error.
 UNSET = (
     config_mod.CONFIG_PATH_ENV,
     config_mod.env_name("zookeeper.auth"),
@@ -59,6 +39,7 @@ class ClientEnv:
     unset: tuple[str, ...] = UNSET
 
     def to_json(self) -> dict[str, Any]:
+        """The ``--json`` form: state folder, running, variables and those to unset."""
         return {
             "state_dir": str(self.state_dir),
             "running": self.running,
@@ -76,7 +57,16 @@ class ClientEnv:
 
 
 def client_env(info: ClusterInfo) -> ClientEnv:
-    """The environment of the cluster ``info`` describes; writes its secret files."""
+    """The environment of the cluster ``info`` describes; writes its secret files.
+
+    ZooKeeper hosts (the ensemble plus the nodes' chroot); ``ALLOCATOR_POSTGRES_URL`` as the
+    nodes' login role (what ``status``, ``watch`` and ``fence status`` read);
+    ``ALLOCATOR_CLAIM_DATABASE_URL`` as ``allocator_app``, a consumer (``claim``);
+    ``ALLOCATOR_LOCAL_STATE_DIR``, so every ``allocator local`` command of that shell acts on
+    this cluster. No secret value is ever among them: the ZooKeeper identity and the admin
+    token are written to files in ``<state>/secrets/`` (:func:`write_secret`) and named by
+    ``*_FILE`` variables; the URLs carry no password (``trust`` on loopback). Every path is
+    absolute, so the exports work from any folder. ``local down --purge`` removes the files."""
     state_dir = info.state_dir.resolve()
     variables = {
         STATE_DIR_ENV: str(state_dir),

@@ -1,9 +1,7 @@
 """The embedded cluster's manager, :class:`LocalCluster`: a ZooKeeper ensemble, PostgreSQL
-(a primary, optionally a synchronous standby) and allocator nodes in one state folder.
-
-Each concern is a module of its own: :mod:`.record` (``cluster.json``), :mod:`.folder`,
-:mod:`.info` (what ``status`` reports), :mod:`.zk_ensemble`, :mod:`.pg_servers`,
-:mod:`.supervision` (the nodes) and :mod:`.stopping`.
+(a primary, optionally a synchronous standby) and allocator nodes in one state folder; each
+concern is a module of its own (record, folder, info, zk_ensemble, pg_servers, supervision,
+stopping).
 """
 
 from __future__ import annotations

@@ -109,6 +109,7 @@ class StateFolder:
             ) from exc
 
     def unusable(self, exc: OSError) -> LocalClusterError:
+        """The error for a state folder the OS refused (``exc``), naming the folder."""
         return LocalClusterError(f"cannot use {self.path} as a state folder: {exc.strerror or exc}")
 
     def require(self) -> State:

@@ -1,4 +1,4 @@
-"""What ``up`` and ``status`` report about an embedded cluster (DESIGN §10).
+"""What ``up`` and ``status`` report about an embedded cluster (docs/design.md §10).
 
 The report's types and their JSON, and :func:`read_info`, which reads them off the record
 and the live processes.
@@ -92,7 +92,7 @@ class NodeInfo:
         return self.pid is not None
 
     def to_json(self) -> dict[str, Any]:
-        """``{"name", "pid", "admin_url"}`` (DESIGN §10) and more."""
+        """``{"name", "pid", "admin_url"}`` (docs/design.md §10) and more."""
         return {
             "name": self.name,
             "pid": self.pid,
@@ -108,7 +108,7 @@ class NodeInfo:
 
 @dataclass(frozen=True)
 class ClusterInfo:
-    """What ``up`` and ``status`` report; :meth:`to_json` has DESIGN §10's keys.
+    """What ``up`` and ``status`` report; :meth:`to_json` has docs/design.md §10's keys.
 
     ``node_zk_hosts``, ``node_database_url`` are what the nodes use (the cluster's chroot,
     the ``allocator_node_login`` role); ``consumer_database_url`` is for applications

@@ -1,36 +1,8 @@
 """Allocator nodes of the embedded cluster: what each one runs, and what its supervisor reports.
 
-Rules:
-
-- Nodes are ``node-1`` … ``node-N``. Each runs the node command (default
-  ``python -m allocator.cli run``, the interpreter running the manager) and is configured
-  *only* through environment variables (:func:`node_env`): ``ALLOCATOR_ZOOKEEPER_HOSTS``
-  (the ensemble plus the cluster's chroot, ``/allocator``), ``ALLOCATOR_POSTGRES_URL`` (the
-  login role ``allocator_node_login``), ``ALLOCATOR_NODE_NAME``,
-  ``ALLOCATOR_NODE_ADMIN_ADDRESS`` (``127.0.0.1:<recorded port>``),
-  ``ALLOCATOR_NODE_ADMIN_TOKEN`` (one random token per cluster),
-  ``ALLOCATOR_ZOOKEEPER_AUTH`` (the cluster's random digest identity: the nodes' znodes
-  carry its ACL),
-  ``ALLOCATOR_ZOOKEEPER_SESSION_TIMEOUT_MS`` and ``ALLOCATOR_NODE_STATE_DIR``
-  (``<state>/nodes/state/<name>``, where the node keeps its session file), then the
-  caller's extra variables, which win.
-  Every other ``ALLOCATOR_*`` variable of the caller's environment is dropped, so a stray
-  ``ALLOCATOR_CONFIG`` in a shell cannot reconfigure the nodes.
-- Two files, one writer each, both replaced atomically (write a temp file, rename):
-  ``cluster.json`` (the manager, under ``.lock``) holds each node's :class:`NodeSpec` (argv,
-  env, admin port) and its desired state (``run``, ``stop_signal``), plus
-  ``node_generation``, bumped at every change of a desired state. ``nodes/nodes.json``
-  (:class:`Runtime`, the supervisor only) holds what runs: pid, start time, argv as
-  ``/proc`` shows it, state, restarts, last exit code, and ``applied_generation``, the last
-  generation the supervisor has carried out. A manager request is: change the spec, bump the
-  generation, save, wait until ``applied_generation`` reaches it.
-- A node process is identified by pid, argv *and* start time: every node runs the same argv,
-  so argv alone cannot tell a recycled pid from a node (see :mod:`allocator.local.processes`).
-- Exit codes follow ``subprocess``: negative means killed by that signal (-9: SIGKILL).
-- Layout: ``<state>/nodes/`` holds ``<name>.log`` (each node's stdout and stderr, appended
-  across restarts), ``state/<name>/`` (the node's own state folder, mode 0700, created by
-  the node), ``supervisor.log``, ``nodes.json`` and ``supervisor.lock`` (held by the one
-  running supervisor).
+Two files, one writer each, both replaced atomically: ``cluster.json`` (the manager) holds each
+node's :class:`NodeSpec` and ``node_generation``; ``nodes/nodes.json`` (:class:`Runtime`, the
+supervisor only) holds what runs. The layout on disk is deploy/local/README.md's.
 """
 
 from __future__ import annotations
@@ -147,7 +119,13 @@ def node_env(
     extra: Mapping[str, str],
 ) -> dict[str, str]:
     """The variables that configure one node (``extra`` wins); ``state_dir`` is the node's
-    own (:func:`node_state_dir`), not the cluster's."""
+    own (:func:`node_state_dir`), not the cluster's.
+
+    A node is configured *only* through these: the ensemble plus the cluster's chroot
+    (``/allocator``), the login role ``allocator_node_login``, the admin address on
+    loopback, one random admin token per cluster, the cluster's random ZooKeeper digest
+    identity (the nodes' znodes carry its ACL), the session timeout and the state folder.
+    :func:`base_env` has dropped every other ``ALLOCATOR_*`` variable."""
     env = {
         "ALLOCATOR_ZOOKEEPER_HOSTS": zk_hosts,
         "ALLOCATOR_POSTGRES_URL": postgres_url,
@@ -164,7 +142,8 @@ def node_env(
 
 def base_env(environ: Mapping[str, str]) -> dict[str, str]:
     """The environment the supervisor and the nodes start from: ``environ`` without any
-    ``ALLOCATOR_*`` variable, unbuffered Python output (logs reach the log file at once) and
+    ``ALLOCATOR_*`` variable (a stray ``ALLOCATOR_CONFIG`` in a shell cannot reconfigure the
+    nodes), unbuffered Python output (logs reach the log file at once) and
     the folder of this ``allocator`` package first on ``PYTHONPATH`` (``-m allocator…`` then
     imports this very code from any working folder)."""
     env = {key: value for key, value in environ.items() if not key.startswith(ENV_PREFIX)}
@@ -177,7 +156,11 @@ def base_env(environ: Mapping[str, str]) -> dict[str, str]:
 
 @dataclass
 class NodeSpec:
-    """What one node runs (``argv`` + ``env`` on top of :func:`base_env`), and whether it should."""
+    """What one node runs (``argv`` + ``env`` on top of :func:`base_env`), and whether it should.
+
+    ``run`` and ``stop_signal`` are the desired state. A manager request: change the spec,
+    bump ``node_generation``, save ``cluster.json``, wait until the supervisor's
+    ``applied_generation`` reaches it."""
 
     name: str
     admin_port: int
@@ -206,6 +189,7 @@ class NodeSpec:
         )
 
     def to_json(self) -> dict[str, Any]:
+        """The spec as ``cluster.json`` holds it."""
         return asdict(self)
 
     @classmethod
@@ -223,7 +207,9 @@ class NodeSpec:
 
 @dataclass
 class NodeRecord:
-    """One node as the supervisor last recorded it."""
+    """One node as the supervisor last recorded it: pid, argv as ``/proc`` shows it and start
+    time (every node runs the same argv, so only the three together tell a recycled pid from
+    a node), state, restarts and the last exit code (negative: killed by that signal)."""
 
     name: str
     pid: int | None = None
@@ -255,13 +241,15 @@ class NodeRecord:
 
 @dataclass
 class Runtime:
-    """``nodes.json``: the supervisor's report."""
+    """``nodes.json``: the supervisor's report; ``applied_generation`` is the last
+    ``node_generation`` of ``cluster.json`` it has carried out."""
 
     supervisor_pid: int
     applied_generation: int = 0
     nodes: list[NodeRecord] = field(default_factory=list)
 
     def node(self, name: str) -> NodeRecord | None:
+        """Node ``name``'s record, or None."""
         return next((n for n in self.nodes if n.name == name), None)
 
     def to_json(self) -> dict[str, Any]:
@@ -274,6 +262,7 @@ class Runtime:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> Runtime:
+        """The report read back; ValueError for another ``version``."""
         if raw.get("version") != RUNTIME_VERSION:
             raise ValueError(f"unknown nodes.json version {raw.get('version')!r}")
         return cls(

@@ -39,13 +39,13 @@ _SERVER_SETTINGS: tuple[Setting, ...] = (
 )
 
 # The claim path: durable, and as fast as a small (2-core) machine allows. Durability is not
-# traded for speed: a claim that returned must survive a crash (DESIGN I4), and the chaos
-# tests crash this server with `stop -m immediate` to prove it.
+# traded for speed: a claim that returned must survive a crash (I4, docs/design.md §2), and
+# the chaos tests crash this server with `stop -m immediate` to prove it.
 CLAIM_PATH_SETTINGS: tuple[Setting, ...] = (
     (
         None,
         "",
-        "Claim path: durable (DESIGN I4), tuned for throughput on a small (2-core) machine.",
+        "Claim path: durable (I4, docs/design.md §2), tuned for throughput on a 2-core machine.",
     ),
     ("fsync", "on", "never off: a crash would lose or corrupt committed claims"),
     ("synchronous_commit", "on", "a commit returns only once its WAL is flushed"),
@@ -134,8 +134,8 @@ def primary_settings(synchronous: bool) -> tuple[Setting, ...]:
 
     With ``synchronous_standby_names`` set and ``synchronous_commit = on``, a commit returns
     only once the standby has flushed its WAL: a claim acknowledged by the primary survives
-    its loss (DESIGN I4 across a failover). Until the standby exists (its base backup is
-    taken from this very server) the primary commits alone.
+    its loss (I4 across a failover, docs/design.md §2). Until the standby exists (its base
+    backup is taken from this very server) the primary commits alone.
     """
     names = f"'{STANDBY_NAME}'" if synchronous else "''"
     why = (

@@ -1,44 +1,6 @@
-"""Background server processes of the embedded cluster: start, check, stop, read their logs.
-
-Rules:
-
-- A daemon starts in its own session (``start_new_session=True``): stdin from /dev/null,
-  stdout and stderr appended to its log file. It survives the manager process and a
-  terminal hang-up, so ``allocator local up`` can exit and leave it running. No pid files:
-  the caller records pid and argv (``cluster.json``, ``nodes.json``), and only that record
-  is ever read.
-- A pid alone proves nothing, pids are recycled. Every check and every signal carries the
-  argv we started; a pid that now runs something else is "not alive" and is never signalled.
-  An empty argv never matches. Where several processes share one argv (the nodes), the
-  record also carries the process start time (``/proc/<pid>/stat`` field 22, clock ticks
-  since boot, set at fork and kept across ``exec``), which a recycled pid cannot repeat. The
-  check and the signal go through one pidfd, so the process cannot be swapped in between.
-- Liveness is never judged from ``/proc/<pid>/cmdline`` alone, because it reads empty for a
-  short moment while a process is inside ``execve`` (the old image is gone, the new argv not
-  yet set up), and ``Popen`` returns as soon as the exec is past its point of no return, i.e.
-  possibly inside that moment. So:
-
-  - A child this process started (:func:`start`) and has not reaped cannot have had its pid
-    recycled: while ``Popen.poll()`` is None it is alive, and it is ours if the argv we
-    started it with (``Popen.args``) is the argv asked about. No cmdline is read.
-  - Any other pid (recorded by another ``allocator local`` process) is compared with
-    ``/proc/<pid>/cmdline``. Zombies and kernel threads (``PF_KTHREAD`` in
-    ``/proc/<pid>/stat`` field 9, "flags") never match, nor does an exiting process
-    (``PF_EXITING``) whose memory, and so its cmdline, is already gone. An empty cmdline of
-    any other process means an exec in progress: it is re-read for up to
-    :data:`EXEC_GRACE_S` before the process counts as "not ours". The reads go through
-    :func:`_read_cmdline`, the one place tests replace to fake such a moment.
-- Zombies count as dead. Children of this process are reaped when checked: their ``Popen``
-  objects live in a registry until they exit, so none is garbage-collected while running.
-  :func:`spawn` is the exception: its caller owns the ``Popen`` and reaps it (the node
-  supervisor, which needs the exit codes).
-- :func:`stop` sends one signal (SIGTERM unless told otherwise) followed by SIGCONT, as
-  systemd does, so a SIGSTOPped process can act on it; waits up to a timeout for the exit,
-  then SIGKILLs that process, its process group and its direct children only (PostgreSQL's
-  children each ``setsid()``, so a group kill alone would miss them).
-- Commands that must not run as root (PostgreSQL) run as an :class:`OsUser`: the child drops
-  to that user's uid, gid and groups before ``exec`` (subprocess ``user``/``group``/
-  ``extra_groups``), in a working directory that user can reach.
+"""Background server processes of the embedded cluster: start, check, stop, read their logs
+(docs/design.md §8). No pid files: the caller records pid and argv (``cluster.json``,
+``nodes.json``), and a pid is trusted only while it still runs the argv recorded with it.
 """
 
 from __future__ import annotations
@@ -82,7 +44,8 @@ Target = tuple[int, Sequence[str]] | tuple[int, Sequence[str], int | None]
 
 @dataclass(frozen=True)
 class OsUser:
-    """An OS account a command runs as."""
+    """An OS account a command runs as (PostgreSQL must not run as root): the child drops to
+    its uid, gid and groups before ``exec``, in a working directory that user can reach."""
 
     name: str
     uid: int
@@ -125,7 +88,12 @@ def start(
     cwd: Path | None = None,
     user: OsUser | None = None,
 ) -> Daemon:
-    """Start ``argv`` detached in its own session, output appended to ``log_path``."""
+    """Start ``argv`` detached in its own session, output appended to ``log_path``.
+
+    Its own session, stdin from /dev/null: it survives this process and a terminal hang-up,
+    so ``allocator local up`` can exit and leave it running. The ``Popen`` stays in a
+    registry until the process is reaped (by a check), so none is garbage-collected while
+    running."""
     argv = tuple(argv)
     proc, offset = _popen(argv, log_path=log_path, env=env, cwd=cwd, user=user)
     _children[proc.pid] = proc
@@ -140,7 +108,8 @@ def spawn(
     env: Mapping[str, str] | None = None,
     cwd: Path | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Like :func:`start`, but the caller owns the ``Popen`` and must reap it (``poll``)."""
+    """Like :func:`start`, but the caller owns the ``Popen`` and must reap it (``poll``): the
+    node supervisor, which needs the exit codes."""
     proc, _offset = _popen(tuple(argv), log_path=log_path, env=env, cwd=cwd, user=None)
     log.debug("process_spawned", pid=proc.pid, argv=shlex.join(argv))
     return proc
@@ -219,9 +188,14 @@ def run(
 def is_alive(pid: int | None, argv: Sequence[str], started: int | None = None) -> bool:
     """True if ``pid`` runs, is not a zombie, and still runs ``argv`` (non-empty).
 
-    With ``started`` (see :func:`start_time`), the process must also have started then. For
-    our own unreaped child the answer comes from its ``Popen``, not from ``/proc``: right
-    after ``Popen`` returns its cmdline may still read empty (see the module docstring).
+    A pid alone proves nothing (pids are recycled): an empty argv never matches, a pid that
+    now runs something else is "not alive". With ``started`` (see :func:`start_time`), the
+    process must also have started then: where several processes share one argv (the
+    nodes), a recycled pid cannot repeat that. Our own unreaped child cannot have had its
+    pid recycled: it is alive while ``Popen.poll()`` is None, and ours if ``Popen.args`` is
+    ``argv``; no cmdline is read, since right after ``Popen`` returns it may still read
+    empty (the exec is in progress). Any other pid is compared with ``/proc/<pid>/cmdline``
+    (:func:`_read_proc`). A zombie counts as dead; our child is reaped when checked.
     """
     if pid is None or pid <= 0 or not argv:
         return False
@@ -282,7 +256,10 @@ def cmdline(pid: int) -> tuple[str, ...] | None:
 def send_signal(
     pid: int | None, argv: Sequence[str], sig: signal.Signals, started: int | None = None
 ) -> bool:
-    """Send ``sig`` to ``pid`` only while it runs ``argv`` (and started then); True if sent."""
+    """Send ``sig`` to ``pid`` only while it runs ``argv`` (and started then); True if sent.
+
+    The check and the signal go through one pidfd, so the process cannot be swapped in
+    between."""
     if pid is None:
         return False
     pidfd = _pidfd_open(pid)
@@ -318,7 +295,9 @@ def stop_all(
 ) -> list[int]:
     """Signal every live target at once, wait for all, SIGKILL the ones left; return those hit.
 
-    A signal other than SIGKILL is followed by SIGCONT, so a paused process sees it now.
+    A signal other than SIGKILL is followed by SIGCONT (as systemd does), so a paused process
+    sees it now. SIGKILL goes to the process, its group and its direct children
+    (:func:`_kill_hard`).
     Raises :class:`LocalClusterError` if a process survives SIGKILL (it would have to be
     stuck in the kernel), naming the pid. A signal we may not send (``PermissionError``)
     propagates: the caller keeps that process recorded.
@@ -412,7 +391,8 @@ def _read_cmdline(pid: int) -> bytes | None:
 
 
 def _read_proc(pid: int) -> tuple[tuple[str, ...], int] | None:
-    """(argv, start time) of ``pid``; None if gone, a zombie or a kernel thread.
+    """(argv, start time) of ``pid``; None if gone, a zombie or a kernel thread (``PF_KTHREAD``),
+    or if its cmdline reads empty while it exits (``PF_EXITING``: its memory is gone).
 
     An empty cmdline of a process that is not exiting is an exec in progress (the new argv is
     not set up yet): read again for up to :data:`EXEC_GRACE_S`, then give up (None). An
@@ -460,7 +440,8 @@ def _signal(pid: int, pidfd: int | None, sig: signal.Signals) -> None:
 
 
 def _kill_hard(pid: int, pidfd: int | None) -> None:
-    """SIGKILL the process, then its own process group and its direct children."""
+    """SIGKILL the process, then its own process group and its direct children (PostgreSQL's
+    children each ``setsid()``, so a group kill alone would miss them)."""
     children = list(_children_of(pid))
     _signal(pid, pidfd, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError, PermissionError):

@@ -36,6 +36,7 @@ class Proc:
     argv: list[str] = field(default_factory=list)
 
     def alive(self) -> bool:
+        """True while the recorded pid still runs the recorded argv."""
         return processes.is_alive(self.pid, self.argv)
 
     def forget_if_gone(self) -> None:
@@ -46,6 +47,8 @@ class Proc:
 
 @dataclass
 class ZkRecord:
+    """One ZooKeeper server as recorded: its ports and its process."""
+
     server: zookeeper.Server
     proc: Proc
 

@@ -1,38 +1,7 @@
-"""The node supervisor of an embedded cluster (``python -m allocator.local.supervisor``).
-
-Rules (systemd's ``Restart=always``, for the nodes of one state folder):
-
-- One supervisor per cluster, started detached by ``allocator local up`` when the cluster
-  has nodes; it holds ``nodes/supervisor.lock`` (flock) while it runs, so a second one for
-  the same folder exits at once. It is the parent of every node, so it reaps them and knows
-  their exit codes.
-- Desired state comes from ``cluster.json`` (the manager's file), polled every 0.1 s;
-  what runs goes to ``nodes/nodes.json`` (this process's file only), rewritten atomically
-  whenever something changed (see :mod:`allocator.local.nodes`).
-- Each node starts in its own session, stdin from /dev/null, stdout and stderr appended to
-  ``nodes/<name>.log``, the state folder as working folder, environment
-  :func:`~allocator.local.nodes.base_env` of ours plus the node's spec.
-- Whenever a node exits (asked to or not), the session it may have left is reaped in a
-  thread (:mod:`allocator.session.reaper`; the child handle proves the process dead, so its
-  successor need not wait for ZooKeeper to expire the session). The thread removes the
-  session file only while it still names the session it closed and the restarted node
-  does not hold the state folder's lock: a restarted node that recorded its own session
-  while the thread connected keeps its file.
-- A node that exits when nobody asked it to (any exit code, any signal) is restarted after
-  a backoff: 0.2 s, doubling up to 2 s; a node that ran 10 s or more starts again at 0.2 s.
-  ``restarts`` counts these restarts. A node that cannot even be spawned counts as exited
-  with code 127.
-- A node stopped on request (``run`` false in its spec) is sent its ``stop_signal``
-  (SIGTERM, or SIGKILL for ``node-stop --kill``) followed by SIGCONT, so a paused node sees
-  it; SIGKILL to its process group once the node's own ``node.shutdown_timeout_s`` (10 s
-  unless its environment says otherwise) plus 2 s have passed. It is never restarted until
-  its spec says ``run`` again; then it starts at once, without backoff. A paused node
-  (SIGSTOP) is alive: the supervisor leaves it alone.
-- SIGTERM or SIGINT: stop every node as above, record them stopped, exit 0. Node processes
-  left by an earlier supervisor that was killed (not our children, so unsupervisable) are
-  stopped before anything starts.
-- If ``cluster.json`` disappears (purged), the supervisor stops its nodes and exits; so it
-  does, with exit code 1, if its own loop fails.
+"""The node supervisor of an embedded cluster (``python -m allocator.local.supervisor``):
+systemd's ``Restart=always`` for the nodes of one state folder (docs/design.md §8). Desired
+state comes from ``cluster.json`` (the manager's file); what runs goes to ``nodes/nodes.json``
+(this process's file only; see :mod:`allocator.local.nodes`).
 """
 
 from __future__ import annotations
@@ -93,7 +62,11 @@ class _Node:
 
 
 class Supervisor:
-    """The loop of the module rules; :meth:`run` returns the exit code."""
+    """Runs, restarts and stops the nodes of ``state_dir``; :meth:`run` returns the exit code.
+
+    The parent of every node, so it reaps them and knows their exit codes. A paused node
+    (SIGSTOP) is alive: the supervisor leaves it alone.
+    """
 
     def __init__(self, state_dir: Path, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.state_dir = state_dir
@@ -108,6 +81,11 @@ class Supervisor:
     # -- entry point ------------------------------------------------------------------------
 
     def run(self) -> int:
+        """The loop, under ``nodes/supervisor.lock`` (flock): a second supervisor for the same
+        folder exits 1 at once. Node processes left by an earlier supervisor that was killed
+        (not our children, so unsupervisable) are stopped before anything starts. SIGTERM or
+        SIGINT stops every node, records them stopped and exits 0; a failing loop stops the
+        nodes and exits 1."""
         lock_path = nodes.nodes_dir(self.state_dir) / nodes.SUPERVISOR_LOCK
         lock_path.parent.mkdir(parents=True, exist_ok=True)
         with lock_path.open("a") as lock:
@@ -177,6 +155,8 @@ class Supervisor:
         self._write()
 
     def _read_desired(self) -> _Desired | None:
+        """``cluster.json``'s node specs, read every pass (:data:`POLL_INTERVAL_S`); gone
+        (purged) means stop every node and exit."""
         # Parsed at every pass: a few kilobytes, and no change can be missed.
         path = self.state_dir / STATE_FILE
         try:
@@ -242,6 +222,9 @@ class Supervisor:
     # -- transitions ------------------------------------------------------------------------
 
     def _start(self, node: _Node, now: float) -> None:
+        """Spawns the node in its own session, output appended to ``nodes/<name>.log``, the
+        state folder as working folder, environment :func:`~allocator.local.nodes.base_env`
+        plus the node's spec. One that cannot be spawned counts as exited with 127."""
         record = node.record
         if record.state == nodes.RESTARTING:
             record.restarts += 1
@@ -302,14 +285,21 @@ class Supervisor:
 
     def _reap(self, node: _Node, pid: int) -> None:
         """Close the session the exited node left, if any (it died without closing it):
-        our child handle proved it dead. In a thread, so a ZooKeeper outage never stalls
-        the loop; the restarted node would reap it too (closing twice is harmless)."""
+        our child handle proved it dead, so its successor need not wait for ZooKeeper to
+        expire the session. In a thread, so a ZooKeeper outage never stalls the loop; the
+        restarted node would reap it too (closing twice is harmless). The session file is
+        removed only while it still names the closed session and the restarted node does
+        not hold the state folder's lock (:func:`allocator.session.reaper.reap`)."""
         env = {**self._env, **node.spec.env}
         threading.Thread(
             target=_reap_exited, args=(env, pid), name=f"reap-{node.spec.name}", daemon=True
         ).start()
 
     def _schedule_restart(self, node: _Node, now: float, uptime_s: float) -> None:
+        """A node that exited unasked (any code, any signal) restarts after a backoff:
+        :data:`BACKOFF_MIN_S` doubling up to :data:`BACKOFF_MAX_S`, back to the minimum
+        after an uptime of :data:`BACKOFF_RESET_UPTIME_S`. A node started on request (its
+        spec's ``run`` turned true) starts at once, without backoff (:meth:`_apply`)."""
         if node.backoff_s <= 0.0 or uptime_s >= BACKOFF_RESET_UPTIME_S:
             node.backoff_s = BACKOFF_MIN_S
         else:
@@ -318,6 +308,9 @@ class Supervisor:
         log.info("node_restart_scheduled", name=node.spec.name, in_s=node.backoff_s)
 
     def _request_stop(self, node: _Node, now: float) -> None:
+        """Sends the spec's ``stop_signal`` (SIGTERM, or SIGKILL for ``node-stop --kill``)
+        then SIGCONT; SIGKILL to its group after the spec's ``stop_timeout_s`` (the node's
+        ``node.shutdown_timeout_s`` plus a margin). Not restarted until ``run`` again."""
         assert node.proc is not None
         sig = signal.SIGTERM
         if not self._shutting_down and not node.removed:
@@ -383,6 +376,7 @@ def _reap_exited(env: dict[str, str], pid: int) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """``python -m allocator.local.supervisor --state-dir DIR``; the exit code."""
     parser = argparse.ArgumentParser(
         prog="python -m allocator.local.supervisor",
         description="Run and restart the nodes of an embedded cluster (allocator local).",

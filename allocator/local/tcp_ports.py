@@ -1,12 +1,5 @@
 """Free loopback TCP ports for the embedded cluster (not :mod:`allocator.node.seams`, the node's
-seams).
-
-Rules: every server of the embedded cluster listens on 127.0.0.1 only, on ports chosen at
-run time (never fixed numbers). A port is picked by binding ``127.0.0.1:0`` and reading what
-the kernel gave; when several are needed, all sockets stay open until every port is read, so
-the ports are distinct. Between picking and the server binding there is a small race with
-other programs; the servers fail loudly if they lose it, and :func:`ensure_free` checks a
-recorded port before a server is restarted on it, naming the port if it is taken.
+seams): every server listens on 127.0.0.1 only, on ports chosen at run time, never fixed.
 """
 
 from __future__ import annotations
@@ -21,7 +14,12 @@ LOOPBACK = "127.0.0.1"
 
 
 def pick_free_ports(count: int, host: str = LOOPBACK) -> list[int]:
-    """Return ``count`` distinct TCP ports that are free on ``host`` right now."""
+    """Return ``count`` distinct TCP ports that are free on ``host`` right now.
+
+    Each is what the kernel gave for ``host:0``; every socket stays open until all are read,
+    so the ports are distinct. A server may still lose a port to another program before it
+    binds: it then fails loudly, and :func:`ensure_free` checks a recorded port before a
+    restart."""
     if count < 0:
         raise ValueError(f"count must be >= 0, not {count}")
     with contextlib.ExitStack() as stack:

@@ -1,15 +1,4 @@
-"""The methods ``allocator bench claims`` compares, and how each one is run and read.
-
-Rules:
-
-- ``claim_blocks`` (ours, as the consumer role) against three baselines run as the
-  superuser: ``skip_locked`` (a plain FOR UPDATE SKIP LOCKED queue), ``segment_update`` (a
-  Leaf-style segment, step = batch x block size) and ``nextval`` (CACHE 100, one ID per call,
-  batch 1 only: the ceiling); and a reference, ``durable_commit`` (one-row INSERT into an
-  unindexed table, batch 1 only: the fastest durable transaction). Each is one pgbench
-  script of :mod:`allocator.bench.claims.sql`.
-- Table statistics are read for the two queues only (``claim_blocks``, ``skip_locked``).
-"""
+"""The methods ``allocator bench claims`` compares, and how each one is run and read."""
 
 from __future__ import annotations
 
@@ -20,7 +9,11 @@ import psycopg
 from allocator.bench.stock import BLOCK_SIZE_IDS
 
 METHODS: Final = ("claim_blocks", "skip_locked", "segment_update", "nextval", "durable_commit")
+"""``claim_blocks`` (ours, as the consumer role), the :data:`BASELINES` and the
+:data:`REFERENCE`; each is one pgbench script of :mod:`allocator.bench.claims.sql`."""
 BASELINES: Final = ("skip_locked", "segment_update", "nextval")
+"""Run as the superuser: a plain FOR UPDATE SKIP LOCKED queue, a Leaf-style segment (step =
+batch x block size) and ``nextval`` (CACHE 100, one ID per call, batch 1 only: the ceiling)."""
 REFERENCE: Final = "durable_commit"
 """Not a way to claim: the cheapest durable write transaction, the ceiling of any durable
 claim on this server (so a ratio to ``nextval`` it cannot reach is visible as such)."""
@@ -59,12 +52,15 @@ def script_for(method: str, batch: int) -> tuple[str, dict[str, int]]:
 
 
 def ids_per_claim(method: str, batch: int) -> int:
+    """How many IDs one transaction of ``method`` hands out at ``batch``."""
     if method == REFERENCE:
         return 0  # hands out nothing
     return 1 if method == "nextval" else batch * BLOCK_SIZE_IDS
 
 
 def table_stats(conn: psycopg.Connection[tuple[Any, ...]], method: str) -> dict[str, Any]:
+    """The queue table's statistics and unclaimed blocks; only the two queues
+    (``claim_blocks``, ``skip_locked``) have any."""
     if method not in TABLES:
         return {}
     conn.execute("SELECT pg_stat_force_next_flush()")

@@ -1,11 +1,5 @@
-"""The databases of ``allocator bench claims``: a stocked template and a fresh clone per run.
-
-Rules: the bench works in databases of its own (:data:`TEMPLATE_DB`, :data:`RUN_DB`), never
-in the allocator's database. The template is migrated and stocked once, as a leader would
-(``take_fence`` once, ``cut_blocks`` in arrays of :data:`CUT_BATCH_BLOCKS`), the SKIP LOCKED
-queue gets the same blocks, then ``VACUUM ANALYZE`` (the template only). Every measured run
-gets a fresh clone (``CREATE DATABASE … TEMPLATE … STRATEGY FILE_COPY``, then
-``CHECKPOINT``), dropped after its run; the template is dropped at the end.
+"""The databases of ``allocator bench claims``: a stocked template and a fresh clone per run,
+never the allocator's database.
 """
 
 from __future__ import annotations
@@ -37,7 +31,12 @@ RUN_DB = "bench_claims_run"
 
 
 def build_template(server: Server, blocks: int, progress: Callable[[str], None]) -> dict[str, Any]:
-    """Create, migrate and stock :data:`TEMPLATE_DB` with ``blocks`` blocks in both queues."""
+    """Create, migrate and stock :data:`TEMPLATE_DB` with ``blocks`` blocks in both queues.
+
+    Stocked as a leader would (``take_fence`` once, ``cut_blocks`` in arrays of
+    :data:`CUT_BATCH_BLOCKS`, with its fence, high-water and overlap checks), the SKIP LOCKED
+    queue given the same blocks, then ``VACUUM ANALYZE`` (the template only: a measured clone
+    is never vacuumed by hand). Dropped at the end of the matrix."""
     drop_database(server, RUN_DB)
     drop_database(server, TEMPLATE_DB)
     with admin(server) as conn:
@@ -72,7 +71,8 @@ def build_template(server: Server, blocks: int, progress: Callable[[str], None])
 
 @contextmanager
 def fresh_database(server: Server) -> Iterator[str]:
-    """A clone of the stocked template, checkpointed, dropped afterwards."""
+    """A clone of the stocked template (``CREATE DATABASE … TEMPLATE … STRATEGY FILE_COPY``,
+    then ``CHECKPOINT``), dropped afterwards: every run starts from the same pool state."""
     drop_database(server, RUN_DB)
     with admin(server) as conn:
         conn.execute(

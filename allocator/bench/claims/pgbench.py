@@ -1,10 +1,4 @@
-"""One pgbench run of a bundled script, and what it measured.
-
-Rules: ``pgbench -n -M prepared -c C -j min(C, 2)`` (``-T`` seconds or ``-t`` transactions,
-``-l`` for per-transaction latencies); the script is written to a temporary folder from
-:mod:`allocator.bench.claims.sql`. A run that exceeds its time limit is killed; a client
-aborted is reported (``aborted``), any other failure raises :class:`BenchError`.
-"""
+"""One pgbench run of a bundled script, and what it measured."""
 
 from __future__ import annotations
 
@@ -24,6 +18,8 @@ PGBENCH_GRACE_S = 120.0
 
 @dataclass(frozen=True)
 class Pgbench:
+    """What one pgbench run measured."""
+
     transactions: int
     tps: float
     latencies_us: list[int]
@@ -45,7 +41,12 @@ def run_pgbench(
     env: dict[str, str] | None = None,
     latency_log: bool = True,
 ) -> Pgbench:
-    """One pgbench run of a bundled script; the per-transaction latencies when logged."""
+    """One pgbench run of a bundled script; the per-transaction latencies when logged.
+
+    ``pgbench -n -M prepared -c C -j min(C, 2)`` (``-T seconds`` or ``-t transactions``,
+    ``-l`` for per-transaction latencies), the script written to a temporary folder from
+    :mod:`allocator.bench.claims.sql`. A run past its time limit is killed; a client that
+    aborted is reported (``aborted``); any other failure raises :class:`BenchError`."""
     with tempfile.TemporaryDirectory(prefix="bench-claims-") as tmp:
         folder = Path(tmp)
         script_path = folder / script_name

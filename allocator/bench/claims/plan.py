@@ -1,8 +1,5 @@
 """What one ``allocator bench claims`` run measures (:class:`Plan`) and one row of its
 results (:class:`Result`).
-
-Rules: a plan with ``pool_blocks`` 0 stocks enough blocks for its longest run at rates above
-any seen on a 2-core machine (:func:`auto_pool_blocks`), plus what the prior claims take.
 """
 
 from __future__ import annotations
@@ -19,6 +16,9 @@ AUTO_POOL_BATCH_CALLS_PER_S = 25_000
 
 @dataclass(frozen=True)
 class Plan:
+    """The matrix: every batch x client count x method for ``seconds``, then the
+    prior-claims runs at ``prior_clients``."""
+
     clients: tuple[int, ...]
     seconds: float
     batches: tuple[int, ...]
@@ -28,17 +28,22 @@ class Plan:
     """0: sized from the longest run (:func:`auto_pool_blocks`)."""
 
     def stocked_blocks(self) -> int:
+        """Blocks the template holds: the pool, plus what the prior claims take."""
         pool = self.pool_blocks or auto_pool_blocks(self.seconds, max(self.batches))
         return pool + self.prior_claims * max(self.batches if self.prior_claims else (1,))
 
 
 def auto_pool_blocks(seconds: float, batch: int) -> int:
+    """A pool no method should run dry in ``seconds`` at ``batch``: rates above any seen on a
+    2-core machine, at least 10,000 blocks."""
     rate = AUTO_POOL_CLAIMS_PER_S if batch == 1 else AUTO_POOL_BATCH_CALLS_PER_S * batch
     return max(10_000, math.ceil(seconds * rate))
 
 
 @dataclass
 class Result:
+    """One measured run of one method, a row of the table and of the JSON's results."""
+
     method: str
     clients: int
     batch: int
@@ -66,4 +71,5 @@ class Result:
     prior_stats: dict[str, Any] = field(default_factory=dict)
 
     def key(self) -> tuple[str, int, int, int]:
+        """(method, clients, batch, prior_claims): what makes two rows comparable."""
         return (self.method, self.clients, self.batch, self.prior_claims)

@@ -1,9 +1,6 @@
-"""What ``allocator bench claims`` reports: the JSON document and the table.
-
-Rules: the JSON carries DESIGN §10's keys plus ``batch``, ``ratio_vs``, ``prior_claims`` and
-more; the table shows every result, then the issue's targets next to the timings, marked
-met or MISSED but never judged (the exit status does not depend on them), and the ceiling
-the ``durable_commit`` reference puts on the nextval target.
+"""What ``allocator bench claims`` reports: the JSON document (docs/design.md §10's keys plus
+``batch``, ``ratio_vs``, ``prior_claims`` and more) and the table, with the targets marked
+met or MISSED next to the timings, never judged (the exit status does not depend on them).
 """
 
 from __future__ import annotations
@@ -62,6 +59,8 @@ def document(
 
 
 def table(document: dict[str, Any], results: list[Result]) -> Iterator[str]:
+    """The table's lines: every result, then the targets met or MISSED and the ceiling the
+    ``durable_commit`` reference puts on the nextval target."""
     plan, machine = document["plan"], document["machine"]
     yield (
         "allocator bench claims: a BURST (pgbench drains a pool stocked before each run; no "

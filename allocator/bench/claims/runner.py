@@ -1,40 +1,8 @@
 """``allocator bench claims``: our ``claim_blocks`` next to three baselines, driven by pgbench.
 
-Rules:
-
-- One PostgreSQL server for everything (the embedded cluster, or a superuser URL). The bench
-  works in databases of its own (:data:`TEMPLATE_DB`, :data:`RUN_DB`), never in the
-  allocator's database: a migrated template is stocked once, then every measured run gets a
-  fresh clone (``CREATE DATABASE … TEMPLATE … STRATEGY FILE_COPY``, then ``CHECKPOINT``), so
-  every method and client count starts from the same pool state. Clones are dropped after
-  their run; the template at the end.
-- Stocking: the pool is cut as a leader would (``take_fence`` once, ``cut_blocks`` in arrays
-  of :data:`CUT_BATCH_BLOCKS`), the SKIP LOCKED queue gets the same blocks, then
-  ``VACUUM ANALYZE`` (the template only; a measured clone is never vacuumed by hand). The
-  schema is used as migrated (blocks are stocked through ``cut_blocks``, with its fence,
-  high-water and overlap checks).
-- Methods, one pgbench script each (:mod:`allocator.bench.claims.contenders`, scripts in
-  ``allocator/bench/claims/sql``): ``claim_blocks`` as the
-  consumer role (``allocator_app`` on the embedded cluster; with ``--database-url`` the
-  superuser with ``role=allocator_consumer``), and, as the superuser, ``skip_locked``,
-  ``segment_update`` (step = batch x block size) and ``nextval`` (CACHE 100; one ID per call,
-  run at batch 1 only: the ceiling), and a reference, ``durable_commit`` (a one-row INSERT
-  into an unindexed table per transaction, batch 1 only: the fastest durable transaction,
-  so the ceiling of every durable claim). Every other commit is synchronous (the server
-  default is on and ``claim_blocks`` forces it); nothing here turns durability down.
-- Load: ``pgbench -n -M prepared -c C -j min(C, 2) -T seconds -l``; claims/s is pgbench's
-  tps without connection time, p50/p99 come from every transaction in the per-transaction
-  logs. A run whose pool ran dry (no unclaimed block left, or a client aborted on AL003) is
-  flagged ``pool_exhausted``: its numbers understate the method.
-- Prior claims: a clone first takes ``prior_claims`` claims with pgbench (``-t``, as the
-  consumer), then ``requeue_stranded`` runs twice as the leader would; no manual VACUUM
-  (autovacuum as configured). Its claim_blocks row carries ``vs_fresh``: its claims/s over
-  the fresh clone's at the same clients and batch.
-- Timings are reported, never judged (targets are printed next to them).
-
-Modules: this one drives the matrix; :mod:`~allocator.bench.claims.database` stocks and
-clones, :mod:`~allocator.bench.claims.pgbench` runs the load,
-:mod:`~allocator.bench.claims.report` builds the JSON and the table.
+This module drives the matrix (docs/design.md §9); the databases are
+:mod:`~allocator.bench.claims.database`'s, the methods :mod:`~allocator.bench.claims.contenders`'.
+Timings are reported, never judged (targets are printed next to them).
 """
 
 from __future__ import annotations
@@ -75,6 +43,16 @@ def measure(
     seconds: float,
     prior_claims: int = 0,
 ) -> Result:
+    """One method at one client count and batch on ``database``, for ``seconds``.
+
+    ``claim_blocks`` runs as the consumer role (``allocator_app`` on the embedded cluster;
+    with ``--database-url`` the superuser with ``role=allocator_consumer``), the others as
+    the superuser. Every commit is synchronous (the server default, and ``claim_blocks``
+    forces it): nothing here turns durability down. claims/s is pgbench's tps without
+    connection time; p50/p99 come from every transaction in the per-transaction logs. A run
+    whose pool ran dry (no unclaimed block left, or a client aborted on AL003) is flagged
+    ``pool_exhausted``: its numbers understate the method.
+    """
     name, defines = script_for(method, batch)
     if method == "claim_blocks":
         conninfo, env = server.claim_conninfo(database)
@@ -117,7 +95,8 @@ def measure(
 def take_prior_claims(
     server: Server, database: str, claims: int, clients: int, batch: int
 ) -> dict[str, Any]:
-    """``claims`` claim_blocks calls (pgbench -t), then requeue_stranded twice as the leader."""
+    """``claims`` claim_blocks calls (pgbench -t, as the consumer), then requeue_stranded twice
+    as the leader would; no manual VACUUM (autovacuum as configured)."""
     per_client = max(1, claims // clients)
     conninfo, env = server.claim_conninfo(database)
     started = time.monotonic()

@@ -1,10 +1,4 @@
-"""The claimer the client bench hands to :class:`~allocator.client.IdClient`.
-
-Rules: it claims through PostgreSQL exactly as :class:`~allocator.client.PostgresClaimer`
-does (a :class:`~allocator.client.NonBlockingClaimer`, so the prefetch runs on the caller's
-thread as in the client) and only records where every block and segment starts and when
-each prefetch was sent and collected, so the latency loop can attribute slow calls.
-"""
+"""The claimer the client bench hands to :class:`~allocator.client.IdClient`."""
 
 from __future__ import annotations
 

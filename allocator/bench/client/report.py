@@ -1,6 +1,6 @@
 """What ``allocator bench client`` reports: the JSON document and the table.
 
-Rules: the JSON holds the run's settings, every throughput run, the latency run (with its
+The JSON holds the run's settings, every throughput run, the latency run (with its
 noise floor) and the machine; the table shows the same. Timings are reported, never judged.
 """
 
@@ -43,6 +43,7 @@ def document(
 def table(
     document: dict[str, Any], results: list[ThroughputResult], latency: LatencyResult
 ) -> Iterator[str]:
+    """The table's lines: the settings, each throughput run, the latency run and its floor."""
     sizes = "/".join(str(size) for size in document["block_sizes"]) or "?"
     load = document["machine"]["loadavg_before"][0]
     yield (

@@ -1,6 +1,6 @@
 """The results of ``allocator bench client``: one throughput run, and the latency run.
 
-Rules: plain data, written to the JSON as they are (``dataclasses.asdict``).
+Plain data, written to the JSON as they are (``dataclasses.asdict``).
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from typing import Any
 
 @dataclass
 class ThroughputResult:
+    """One throughput run: threads sharing one client for the run's seconds."""
+
     threads: int
     ids: int
     seconds: float
@@ -26,6 +28,8 @@ class ThroughputResult:
 
 @dataclass
 class LatencyResult:
+    """The latency run: every ``next_id()`` of one thread timed, and the noise floor."""
+
     calls: int
     p50_ns: int
     p99_ns: int

@@ -1,24 +1,7 @@
 """``allocator bench client``: :class:`allocator.client.IdClient` against a real pool.
 
-Rules:
-
-- Database: a running allocator's URL (a role granted ``allocator_consumer``; its leader
-  must keep the pool stocked), or the embedded cluster in a state folder (1 ZooKeeper
-  server, 1 node whose ``pool.min_blocks`` is the pool level waited for), brought up and
-  stopped (by pid) by :mod:`allocator.bench.kit` unless kept. Either way the run starts
-  once ``allocator.pool_status`` shows that many blocks (at most :data:`POOL_WAIT_S`); it
-  claims as the ``allocator_app`` role.
-- Throughput: for each thread count, one shared client and that many threads calling
-  ``next_id()`` in a tight loop for the run's seconds; IDs/s over all threads.
-- Latency: one thread times every ``next_id()`` (:mod:`allocator.bench.client.timing`):
-  p50/p99/p99.9/max, calls over 1 ms, and the worst call that returned the first ID of a
-  block (a block boundary) and of a claimed segment (the prefetch hand-over), recorded by
-  :class:`~allocator.bench.client.claimer.RecordingClaimer`. First the same loop times a
-  no-op function for as long (``noise_floor``): what the machine alone does to a call.
-- ``waits`` counts calls that found nothing buffered (the prefetch was late or the pool
-  ran dry): latency targets hold only "while the pool has blocks", so read them together.
-- Every claimed ID that is not handed out is lost when a client closes (reported as
-  ``unused_ids``).
+Throughput (threads sharing one client) and latency (one thread timing every ``next_id()``),
+on a running allocator's pool or the embedded cluster's (docs/design.md §9).
 """
 
 from __future__ import annotations
@@ -55,8 +38,11 @@ POOL_LEVEL: Final = "SELECT available_blocks FROM allocator.pool_status"
 def database(
     url: str | None, state_dir: Path, pool_blocks: int, keep: bool
 ) -> Iterator[tuple[str, dict[str, Any]]]:
-    """The consumer URL to claim with: ``url``, or the embedded cluster's (one node, whose
-    ``pool.min_blocks`` is ``pool_blocks``)."""
+    """The consumer URL to claim with: ``url`` (a role granted ``allocator_consumer``; its
+    leader must keep the pool stocked), or the embedded cluster's in ``state_dir`` (1
+    ZooKeeper server, 1 node whose ``pool.min_blocks`` is ``pool_blocks``; claims as
+    ``allocator_app``), brought up and stopped by pid by :mod:`allocator.bench.kit` unless
+    ``keep``."""
     if url:
         yield url, dict(kit.NOT_EMBEDDED)
         return
@@ -66,6 +52,8 @@ def database(
 
 
 def wait_for_pool(url: str, blocks: int) -> None:
+    """Returns once ``allocator.pool_status`` shows ``blocks`` blocks (at most
+    :data:`POOL_WAIT_S`); a login error raises at once, no retry can help."""
     kit.progress(f"waiting for {blocks} blocks in the pool")
     deadline = time.monotonic() + POOL_WAIT_S
     level = -1
@@ -102,6 +90,7 @@ def wait_for_pool(url: str, blocks: int) -> None:
 def new_client(
     url: str, batch: tuple[int, int], refill_at: float
 ) -> tuple[IdClient, RecordingClaimer]:
+    """A started client whose claims are recorded (block and segment boundaries)."""
     claimer = RecordingClaimer(url)
     id_client = IdClient(
         claimer,
@@ -118,6 +107,10 @@ def new_client(
 def throughput(
     url: str, threads: int, seconds: float, batch: tuple[int, int], refill_at: float
 ) -> ThroughputResult:
+    """One shared client and ``threads`` threads calling ``next_id()`` in a tight loop for
+    ``seconds``; IDs/s over all threads. ``waits`` counts calls that found nothing buffered
+    (the prefetch was late or the pool ran dry); IDs claimed but not handed out are lost at
+    close (``unused_ids``)."""
     kit.progress(f"throughput: {threads} thread(s) for {seconds:g} s")
     id_client, claimer = new_client(url, batch, refill_at)
     counts = [0] * threads
@@ -174,6 +167,12 @@ def throughput(
 def latency(
     url: str, seconds: float, batch: tuple[int, int], refill_at: float
 ) -> tuple[LatencyResult, set[int]]:
+    """One thread times every ``next_id()``: p50/p99/p99.9/max, calls over 1 ms, and the worst
+    call that returned a block's first ID or a claimed segment's (the prefetch hand-over).
+
+    First the same loop times a no-op for as long (``noise_floor``): what the machine alone
+    does to a call. Latency targets hold only "while the pool has blocks": read them with
+    ``waits``."""
     kit.progress(f"noise floor: a no-op timed the same way for {seconds:g} s")
     floor = time_calls(no_op, seconds).summary()
     kit.progress(f"latency: 1 thread, every next_id() timed, for {seconds:g} s")

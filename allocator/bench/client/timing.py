@@ -1,9 +1,5 @@
-"""How the client bench times calls: a tight loop, an exact histogram, the slow calls kept.
-
-Rules: the clock (``perf_counter_ns``) is read around every call and, between chunks of
-:data:`CHUNK_CALLS` calls, outside them; samples below :data:`HISTOGRAM_LIMIT_NS` go into
-an exact histogram, each slower one is kept; percentiles are nearest-rank. The timer's own
-cost is included in every sample and measured apart (:func:`timer_overhead_ns`).
+"""How the client bench times calls: a tight loop, an exact histogram, the slow calls kept;
+percentiles are nearest-rank.
 """
 
 from __future__ import annotations
@@ -24,6 +20,7 @@ TOP_SLOWEST = 10
 
 
 def timer_overhead_ns() -> int:
+    """The median cost of two back-to-back clock reads, what each timed call includes."""
     clock = time.perf_counter_ns
     samples = []
     for _ in range(10_001):
@@ -58,6 +55,7 @@ class Samples:
         return sum(self.histogram) + len(self.slow)
 
     def summary(self) -> dict[str, Any]:
+        """Calls, nearest-rank percentiles, calls over 1 ms and the slowest calls."""
         calls, histogram, slow = self.calls, self.histogram, sorted(self.slow)
         return {
             "calls": calls,
@@ -77,7 +75,11 @@ def time_calls(
     segment_starts: set[int] | frozenset[int] = frozenset(),
 ) -> Samples:
     """Time every ``call()`` for ``seconds``; note the calls that returned a block's or a
-    segment's first ID (the sets fill up as the claimer claims)."""
+    segment's first ID (the sets fill up as the claimer claims).
+
+    ``perf_counter_ns`` is read around every call and, between chunks of
+    :data:`CHUNK_CALLS` calls, outside them (for the deadline). Every sample includes the
+    timer's own cost, measured apart by :func:`timer_overhead_ns`."""
     samples = Samples()
     histogram, slow = samples.histogram, samples.slow
     clock = time.perf_counter_ns
@@ -104,6 +106,7 @@ def time_calls(
 
 
 def no_op() -> int:
+    """What the noise floor times in place of ``next_id()``."""
     return -1
 
 

@@ -1,10 +1,4 @@
-"""The claims of ``allocator bench slow-consumer``: pgbench at a fixed rate, and its logs.
-
-Rules: the bundled ``claim_blocks.pgbench`` (one block per claim) as the consumer role,
-``-n -M prepared -c C -j min(C, 2) -R rate -t claims/C -l``; a claim's latency is its logged
-time minus its schedule lag. A run that exceeds its time limit is killed; a client aborted
-is reported, any other failure raises :class:`BenchError`.
-"""
+"""The claims of ``allocator bench slow-consumer``: pgbench at a fixed rate, and its logs."""
 
 from __future__ import annotations
 
@@ -25,7 +19,13 @@ PGBENCH_GRACE_S = 120.0
 
 def claims(server: Server, database: str, plan: Plan, count: int) -> tuple[list[Claim], bool, str]:
     """``count`` claims by pgbench at the plan's rate; every claim's end time and execution
-    time, by end time; whether a client aborted (AL003) and pgbench's stderr."""
+    time, by end time; whether a client aborted (AL003) and pgbench's stderr.
+
+    The bundled ``claim_blocks.pgbench`` (one block per claim) as the consumer role,
+    ``-n -M prepared -c C -j min(C, 2) -R rate -t count/C -l``. A claim's latency is its
+    logged time minus its schedule lag: its own execution, whatever the rate limiter's
+    queue did. A run past its time limit is killed; any failure but an abort raises
+    :class:`BenchError`."""
     conninfo, env = server.claim_conninfo(database)
     with tempfile.TemporaryDirectory(prefix="bench-slow-") as tmp:
         folder = Path(tmp)

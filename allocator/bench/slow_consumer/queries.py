@@ -1,6 +1,6 @@
 """Every SQL statement of ``allocator bench slow-consumer``, in one named place.
 
-Rules: reads of the allocator's tables and calls of its fenced functions only
+Reads of the allocator's tables and calls of its fenced functions only
 (``claim_blocks``, ``requeue_stranded``; the cut and the fence are
 :mod:`allocator.bench.stock`'s); no write of an allocator table outside those functions.
 """

@@ -1,6 +1,6 @@
 """What ``allocator bench slow-consumer`` reports: the JSON document and the table.
 
-Rules: every measure's first and last window, their ratios, the held claim's fate, the
+Every measure's first and last window, their ratios, the held claim's fate, the
 profile along the run and the machine's load in each window; the target
 (:data:`TARGET_P99_RATIO`) is printed next to the ratios, marked met or MISSED, never judged.
 """
@@ -57,6 +57,8 @@ def document(
 
 
 def table(document: dict[str, Any], results: list[RunResult]) -> Iterator[str]:
+    """The table's lines: each run's windows and ratios beside the target, the held claim's
+    fate, the profile and the machine's load."""
     plan, machine = document["plan"], document["machine"]
     yield (
         f"allocator bench slow-consumer: one claim held open across {plan['claims']:,} claims "

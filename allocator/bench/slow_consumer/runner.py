@@ -1,69 +1,9 @@
 """``allocator bench slow-consumer``: what one claim left open costs everyone else.
 
-A consumer runs ``BEGIN; SELECT allocator.claim_blocks(…)`` and then sits idle, holding its
-block's row lock, while other consumers keep claiming and the leader keeps refilling. Do
-``pool_status``, ``requeue_stranded`` and the claim itself cost as much after many claims
-as at the start? Migration 0004 says yes (held tickets); the 0003 functions, whose requeue
-floor stops below the open claim, are measured the same way for comparison.
-
-Rules:
-
-- One PostgreSQL server (the embedded cluster, or a superuser URL). Each run works in a
-  database of its own (:data:`RUN_DB`), created, migrated to the revision under test
-  (``head``, or ``0003`` through Alembic), stocked with ``pool_blocks`` blocks through
-  ``cut_blocks``, ``VACUUM ANALYZE``-d (so the planner knows the one-row tables, as it does
-  in a database that has been running), and dropped afterwards. Never the allocator's own
-  database.
-- Warm-up: ``warmup`` claims (default: twice ``pool_blocks``) with the leader ticking, not
-  measured, so the pool both windows meet was cut during the run, like a live pool (the
-  stock cut at setup was vacuumed, and reads faster). Then the held claim, made as the
-  consumer role in a transaction kept open to the end. ``claim_blocks`` (0004) bounds that
-  transaction's idle time to 60 s; the bench lifts the bound for the experiment with
-  ``SET LOCAL idle_in_transaction_session_timeout = 0``, issued after the claim inside the
-  same transaction: it overrides the function's transaction-local setting, and the server
-  reads the setting each time the session goes idle. At the end the leader runs twice more
-  (the second run considers every ticket drawn) and the bench reads what it recorded of
-  the open claim, checks the holder is still alive, rolls it back, runs
-  ``requeue_stranded`` as the leader would (up to :data:`REQUEUE_RUNS_AFTER_ROLLBACK`
-  times) until the block has a fresh ticket after the claim position, and claims the pool
-  dry to see the block handed out again.
-- Claims: pgbench, the bundled ``claim_blocks.pgbench`` (one block per claim) as the
-  consumer role, ``-n -M prepared -c C -j min(C, 2) -R rate -t claims/C -l``. A claim's
-  latency is its logged time minus its schedule lag: its own execution time, whatever the
-  rate limiter's queue did. The rate is fixed so the first and the last claims run under
-  the same load.
-- Leader: a thread that does what the refill job does, once per ``requeue_every`` claims'
-  worth of time: ``requeue_stranded`` (the statement timed; its COMMIT, a WAL flush that
-  shares the disk with every claim, timed apart as ``requeue_commit``, reported but not
-  judged), then read the pool level and cut it back up to ``pool_blocks`` (not timed), on
-  a superuser connection with the bench's fence token. The default, every 100 claims, is
-  20 runs a second at the default rate: 20 times the refill job's pace, for enough samples
-  per window.
-- Reader: a monitoring consumer, a thread reading ``SELECT * FROM allocator.pool_status``
-  (timed) every ``status_every_ms``. Both threads skip ahead when a tick overruns (no burst
-  to catch up).
-- Windows: the first and the last ``window`` claims by completion time; a leader or reader
-  sample belongs to a window when it started within that window's span of time. p50/p99
-  are nearest-rank; ratios are last over first.
-- What an open transaction costs that no schema avoids: it holds back the horizon below
-  which dead row versions may be removed, so the one-row ``high_water`` keeps a version per
-  leader write (each requeue that changed it, each cut) and every read of it walks them.
-  That grows with leader writes during the hold, not with claims; the bench reports the
-  table's size at the end (``high_water_pages``) so it can be told apart.
-- Also reported: a profile (p50/p99 of each measure over each tenth of the claims), to see
-  how costs move along the whole run, and the machine's mean load average during each
-  window (the bench shares its machine; a late burst of load shows there, not as a cost of
-  the functions).
-- Timings are reported, never judged: the target
-  (:data:`~allocator.bench.slow_consumer.report.TARGET_P99_RATIO`) is printed next to them.
-  A run whose pool ran dry (a client aborted on AL003) is flagged.
-
-Modules: this one runs the experiment; :mod:`~allocator.bench.slow_consumer.plan`,
-:mod:`~allocator.bench.slow_consumer.tickers` (leader and reader),
-:mod:`~allocator.bench.slow_consumer.pgbench` (the claims),
-:mod:`~allocator.bench.slow_consumer.stats` (windows, ratios, profile),
-:mod:`~allocator.bench.slow_consumer.queries` (its SQL) and
-:mod:`~allocator.bench.slow_consumer.report` (JSON and table).
+A consumer claims in a transaction and sits idle, holding its block's row lock, while others
+claim and the leader refills: do ``pool_status``, ``requeue_stranded`` and the claim cost as
+much after many claims as at the start? Migration 0004 says yes (held tickets); the 0003
+functions are measured the same way for comparison (docs/design.md §9).
 """
 
 from __future__ import annotations
@@ -99,7 +39,12 @@ PROFILE_BUCKETS = 10
 
 @contextmanager
 def run_database(server: Server, revision: str, plan: Plan) -> Iterator[str]:
-    """:data:`RUN_DB` at ``revision``, fenced and stocked with ``plan.pool_blocks``."""
+    """:data:`RUN_DB` at ``revision``, fenced and stocked with ``plan.pool_blocks``.
+
+    A database of its own, never the allocator's, dropped afterwards. ``revision`` is
+    ``head`` or an older one through Alembic (``0003``). ``VACUUM ANALYZE`` after stocking, so
+    the planner knows the one-row tables as it does in a database that has been running.
+    """
     drop_database(server, RUN_DB)
     with psycopg.connect(server.url("postgres"), autocommit=True) as admin:
         admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(RUN_DB)))
@@ -134,7 +79,13 @@ def measure_run(
     server: Server, plan: Plan, revision: str, progress: Callable[[str], None]
 ) -> RunResult:
     """One run: warm-up, then a claim held open across ``plan.claims`` claims, the leader
-    ticking all along and the reader during the measured claims."""
+    ticking all along and the reader during the measured claims.
+
+    The warm-up's claims are not measured: they make the pool both windows meet one cut
+    during the run, like a live pool (the stock cut at setup was vacuumed, and reads faster).
+    The claims run at a fixed rate, so the first and the last run under the same load. A
+    pool that ran dry (a client aborted on AL003) is flagged, never an error.
+    """
     with run_database(server, revision, plan) as database:
         url = server.url(database)
         functions = migrate.current_revision(url) or "?"
@@ -222,7 +173,12 @@ def _hold_claim(holder: psycopg.Connection[Any]) -> tuple[int, str | None]:
 
 def _held_at_end(url: str, block_id: int, holder: psycopg.Connection[Any]) -> dict[str, Any]:
     """What the leader's tables say about the open claim after two more leader runs (the
-    second considers every ticket drawn), and whether the claim is still open."""
+    second considers every ticket drawn), and whether the claim is still open.
+
+    ``high_water_pages`` tells apart a cost no schema avoids: an open transaction holds back
+    the horizon below which dead row versions may be removed, so the one-row ``high_water``
+    keeps a version per leader write during the hold and every read of it walks them.
+    """
     try:
         holder.execute("SELECT 1")
         survived = True
@@ -257,8 +213,9 @@ def _has_held_tickets(conn: psycopg.Connection[Any]) -> bool:
 
 
 def _after_rollback(url: str, block_id: int, plan: Plan) -> dict[str, Any]:
-    """After the holder rolled back: leader runs until the block is back in the queue (a
-    fresh ticket after the claim position, unclaimed), then claims until it comes out."""
+    """After the holder rolled back: leader runs (at most :data:`REQUEUE_RUNS_AFTER_ROLLBACK`)
+    until the block is back in the queue (a fresh ticket after the claim position,
+    unclaimed), then claims the pool dry until it comes out."""
     back_after: int | None = None
     with psycopg.connect(url, autocommit=True) as conn:
         for run in range(1, REQUEUE_RUNS_AFTER_ROLLBACK + 1):
@@ -285,6 +242,7 @@ def _after_rollback(url: str, block_id: int, plan: Plan) -> dict[str, Any]:
 
 
 def run_plan(server: Server, plan: Plan, progress: Callable[[str], None]) -> list[RunResult]:
+    """One :func:`measure_run` per revision of the plan; a database error is a BenchError."""
     results: list[RunResult] = []
     try:
         for revision in plan.revisions:

@@ -1,9 +1,5 @@
 """The samples of ``allocator bench slow-consumer`` and what it computes from them: windows,
 ratios, the profile along the run, and one run's result.
-
-Rules: a claim's latency is its execution time (pgbench's logged time minus its schedule
-lag); a leader or reader sample belongs to a span of claims when it started within that
-span's time; p50/p99 are nearest-rank; ratios are last over first.
 """
 
 from __future__ import annotations
@@ -20,6 +16,9 @@ REPORTED: Final = (*MEASURES, "requeue_commit")
 
 @dataclass(frozen=True)
 class Window:
+    """One measure over one window (the first or the last ``window`` claims by completion
+    time): how many samples, nearest-rank p50 and p99."""
+
     samples: int
     p50_ms: float
     p99_ms: float
@@ -27,6 +26,8 @@ class Window:
 
 @dataclass(frozen=True)
 class Measure:
+    """One measure's first and last window, and their ratios (last over first)."""
+
     first: Window
     last: Window
     p50_ratio: float | None
@@ -34,6 +35,7 @@ class Measure:
 
     @classmethod
     def of(cls, first_us: list[int], last_us: list[int]) -> Measure:
+        """From the latencies (µs) of the first and the last window."""
         first, last = _window(first_us), _window(last_us)
         return cls(
             first=first,
@@ -45,6 +47,8 @@ class Measure:
 
 @dataclass
 class RunResult:
+    """One run of the bench, at one schema revision."""
+
     functions: str
     """The schema revision the run measured (``0004`` = held tickets, ``0003`` = before)."""
     claims: int
@@ -78,6 +82,8 @@ class Sample:
 
 @dataclass(frozen=True)
 class Claim:
+    """One claim of pgbench: when it ended (wall clock) and its execution time."""
+
     ended: float
     exec_us: int
 
@@ -113,6 +119,7 @@ class Spans:
         return total - window, total
 
     def measures(self, window: int) -> dict[str, Measure]:
+        """Each reported measure over the first and the last ``window`` claims."""
         (first, _), (last, _) = self.span(0, window), self.span(*self.ends(window))
         return {name: Measure.of(first[name], last[name]) for name in REPORTED}
 

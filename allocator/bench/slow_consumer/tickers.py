@@ -1,11 +1,4 @@
-"""The two threads that run beside the claims: the leader and the monitoring reader.
-
-Rules: each ticks on a connection of its own, skips ahead when a tick overruns (no burst to
-catch up), and keeps an error for the main thread to raise. The leader does what the
-refill job does (``requeue_stranded`` timed, its COMMIT timed apart, then a cut back up to
-the pool level, not timed) with the bench's fence token; the reader times
-``SELECT * FROM allocator.pool_status``.
-"""
+"""The two threads that run beside the claims: the leader and the monitoring reader."""
 
 from __future__ import annotations
 
@@ -58,6 +51,7 @@ class Ticker(threading.Thread):
             self.error = exc
 
     def tick(self, conn: psycopg.Connection[Any]) -> None:
+        """One tick's work (subclasses)."""
         raise NotImplementedError
 
     def timed(self, conn: psycopg.Connection[Any], query: str, *args: Any) -> list[Any]:
