@@ -67,7 +67,7 @@ def node_env(
     node under libfaketime: ``LD_PRELOAD`` (put before any preload already set),
     ``FAKETIME=<offset>`` and ``FAKETIME_DONT_FAKE_MONOTONIC=1``, without which Python's
     threading waits never return; only the wall clock moves. (Under libfaketime
-    ``time.sleep`` fails with EINVAL on Python 3.11; the node never calls it.)"""
+    ``time.sleep`` fails with EINVAL on Python 3.11: :func:`sleep_on_a_condition`.)"""
     result = dict(env)
     if links is None:
         return result
