@@ -8,6 +8,8 @@ import re
 import types
 from pathlib import Path
 
+import pytest
+
 import allocator.client
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -98,3 +100,20 @@ def test_the_docs_use_only_public_names() -> None:
             names |= {n.strip() for n in (match.group(1) or match.group(2)).split(",")}
         private += [f"{path.name}: {name}" for name in sorted(names - PUBLIC - {""})]
     assert private == []
+
+
+def test_a_name_the_previous_release_exported_still_imports_with_a_warning() -> None:
+    """0.2.0 exported helpers from the package; an importer of one keeps working for a
+    release, warned, and gets the very object the internal module holds."""
+    from allocator.client import base
+
+    with pytest.warns(DeprecationWarning, match=r"check_consumer is internal"):
+        found = allocator.client.check_consumer
+    assert found is base.check_consumer
+    with pytest.warns(DeprecationWarning, match=r"MAX_CONSUMER_CHARS is internal"):
+        assert allocator.client.MAX_CONSUMER_CHARS == base._MAX_CONSUMER_CHARS
+
+
+def test_an_unknown_name_is_an_attribute_error() -> None:
+    with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
+        allocator.client.no_such_name  # noqa: B018
