@@ -66,10 +66,15 @@ def claim_state(conn: psycopg.Connection[tuple[object, ...]]) -> str | None:
     return None
 
 
-def pause_is_listing(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
-    """Whether another session's latest statement listed the claims in flight."""
+def pause_has_listed(conn: psycopg.Connection[tuple[object, ...]]) -> bool:
+    """Whether another session's latest statement, finished, listed the claims in flight.
+
+    Finished, not merely begun: pg_stat_activity shows a statement from its start, and a
+    claim that ends between that start and the function's read of the locks is not listed
+    (the test then saw ``waited_for == []`` on a loaded machine)."""
     row = conn.execute(
-        "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() AND query LIKE %s",
+        "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid()"
+        " AND query LIKE %s AND state <> 'active'",
         ("%FROM allocator.claims_in_flight()%",),
     ).fetchone()
     return row is not None and row[0] > 0
@@ -132,7 +137,7 @@ def test_pause_waits_for_a_claim_begun_before_it(db_url: str) -> None:
                     assert pause.poll() is None, pause.communicate()
                 # ... and has listed the claims in flight (it lists them again while it
                 # waits): ending the claim before that listing would leave nothing to wait for.
-                while not pause_is_listing(probe):
+                while not pause_has_listed(probe):
                     assert pause.poll() is None, pause.communicate()
             assert pause.poll() is None  # the claim in flight is still open
             holder.commit()
