@@ -58,9 +58,10 @@ BROKEN_NODE_ENV = (
     "ALLOCATOR_POOL_MIN_BLOCKS=64",
     "ALLOCATOR_POOL_HANDOVER_MARGIN_S=0",
 )
-"""Small, frequent refills: the old and the new leader each top the pool up several times a
-second, so their writes interleave (one large refill each would mostly collide instead, and
-the shipped floor of 16,384 blocks would rarely need one)."""
+"""Small, frequent refills: the successor tops the pool up several times a second, so its
+first write comes soon after the takeover and the broken ex-leader's stale cuts, which wait
+for it, interleave with its writes (the shipped floor of 16,384 blocks would rarely need a
+refill)."""
 BROKEN_NODE_COMMAND = shlex.join(
     [sys.executable, "-m", "tests.chaos.unsafe_node", "--linger-s", str(LINGER_S)]
 )

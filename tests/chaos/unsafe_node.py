@@ -18,8 +18,8 @@ node's seams, never through a switch in the product (docs/design.md §11):
   whatever it says (run it under libfaketime to move the mark ahead: the checker's clock
   rule must catch it);
 - with ``--linger-s S``, :class:`LingeringLeaderJobs`: when the term ends (a step-down, say)
-  the jobs keep running for S more seconds, so the node goes on writing with its old token
-  while its successor writes with the new one. ``allocator drill --scenario step-down`` on a
+  the node goes on cutting with its old token for S more seconds, once its successor has
+  written with the new one. ``allocator drill --scenario step-down`` on a
   cluster of such nodes (``allocator local up --node-command``) must then fail.
 
 Every one of these needs the superuser URL (``ALLOCATOR_POSTGRES_URL``) for its plain INSERT.
@@ -80,45 +80,57 @@ class UnsafeLeaderJobs(LeaderJobs):
 
 
 class LingeringLeaderJobs(LeaderJobs):
-    """Keeps a term's jobs running for ``linger_s`` seconds after the term ended, and cuts
-    one block with the old token every ``LINGER_CUT_EVERY_S`` meanwhile.
+    """When the term ends, the jobs stop as usual, but for ``linger_s`` seconds more the node
+    cuts one block with the old token every ``LINGER_CUT_EVERY_S``, from the successor's
+    first write on (:func:`_cut_while_lingering`).
 
-    The forced cuts make the dual master certain: the scheduled refill alone writes only
-    when the pool is below its target, and on a busy machine the successor (or slow
-    consumers) kept it full for the whole linger, so a drill sometimes had nothing to catch.
+    The forced cuts make the dual master certain: a stale refill writes only when the pool is
+    below its target. The scheduled jobs used to linger too, and an ex-leader whose refill
+    ran just before its successor's kept the pool full each time, so the successor wrote
+    nothing for the whole linger and a drill on a busy machine had nothing to catch.
     """
 
     linger_s = 0.0
 
     def stop(self, timeout_s: float) -> bool:
-        job_ids, ctx, self._job_ids, self._ctx = self._job_ids, self._ctx, (), None
-        log.warning("unsafe_jobs_linger", seconds=self.linger_s, jobs=job_ids, note="TEST NODE")
-        timer = threading.Timer(self.linger_s, self._remove, args=(job_ids,))
-        timer.daemon = True
-        timer.start()
+        ctx = self._ctx
+        stopped = super().stop(timeout_s)
         if ctx is not None:
+            log.warning("unsafe_jobs_linger", seconds=self.linger_s, note="TEST NODE")
             threading.Thread(
                 target=_cut_while_lingering, args=(ctx, self.linger_s), daemon=True
             ).start()
-        return True
-
-    def _remove(self, job_ids: Sequence[str]) -> None:
-        for job_id in job_ids:
-            if self._scheduler.get_job(job_id) is not None:
-                self._scheduler.remove_job(job_id)
+        return stopped
 
 
 LINGER_CUT_EVERY_S = 0.2
+SUCCESSOR_POLL_S = 0.01
+"""How often a lingering node looks for its successor's first write: its first stale cut
+must follow at once, since a drill's rounds take a few tens of milliseconds and it judges
+the ledger right after the last one."""
 
 
 def _cut_while_lingering(ctx: LeaderContext, linger_s: float) -> None:
     """One block after the database's mark, with the ended term's token, every
-    ``LINGER_CUT_EVERY_S`` for ``linger_s`` seconds (whatever the pool level or the clock)."""
+    ``LINGER_CUT_EVERY_S`` for ``linger_s`` seconds (whatever the pool level or the clock),
+    from the successor's first write on.
+
+    Not before it: the checker judges I3 by the tokens' order along the IDs, and a stale
+    block cut after the takeover but before the successor's first write sits where the old
+    token's blocks still belong (its documented blind spot, which the real fence forbids).
+    CI once saw a successor write nothing for a whole linger (a full pool), and a broken
+    fence pass the drill. After a newer token's block, every stale block is out of order."""
     config = ctx.config
+    db = ctx.db
+    if not isinstance(db, UnsafeNodeDatabase):
+        raise TypeError("a lingering node needs the unsafe store")
     deadline = time.monotonic() + linger_s
     while time.monotonic() < deadline:
         try:
-            mark = ctx.db.pool_status().high_water_id
+            if db.newest_block_token() <= ctx.term.token:
+                time.sleep(SUCCESSOR_POLL_S)
+                continue  # the successor has not written yet
+            mark = db.pool_status().high_water_id
             plan = cutter.plan_blocks(
                 config.layout,
                 config.cluster.datacenter_id,
@@ -129,7 +141,7 @@ def _cut_while_lingering(ctx: LeaderContext, linger_s: float) -> None:
                 config.pool.max_clock_behind_ms,
             )
             if plan.blocks:
-                ctx.db.cut_blocks(ctx.term.token, list(plan.blocks))
+                db.cut_blocks(ctx.term.token, list(plan.blocks))
         except Exception as exc:  # a test node: log and keep trying
             log.warning("unsafe_linger_cut_failed", error=str(exc), note="TEST NODE")
         time.sleep(LINGER_CUT_EVERY_S)
@@ -178,6 +190,14 @@ class UnsafeNodeDatabase(NodeDatabase):
             last_ticket = first_ticket + len(ranges) - 1
             conn.execute(_ADVANCE, {"last_id": ranges[-1][1], "last_ticket": last_ticket})
         return CutResult(high_water_id=ranges[-1][1], last_ticket=last_ticket)
+
+    def newest_block_token(self) -> Token:
+        """The token of the block with the highest first ID ((0, 0) for none)."""
+        with self._connection("read the newest block's token") as conn:
+            row = conn.execute(
+                "SELECT generation, epoch FROM allocator.blocks ORDER BY first_id DESC LIMIT 1"
+            ).fetchone()
+        return Token(0, 0) if row is None else Token(int(row[0]), int(row[1]))
 
     def requeue_stranded(self, token: Token, commit_if: CommitCheck | None = None) -> int:
         try:
