@@ -134,6 +134,10 @@ class LeaderJobs:
             args=[ctx],
             id=aging_id,
             seconds=pool.refill_interval_s,
+            # At once, like the refill: blocks that aged while the leadership changed hands
+            # are voided now (and the refill woken), not one interval later, when claims
+            # would find them first and get "pool empty" after voiding a bounded few.
+            next_run_time=now,
             **common,
         )
         self._scheduler.add_job(
