@@ -70,6 +70,13 @@ class NodeMetrics:
             states=SESSION_STATES,
             registry=r,
         )
+        self.session_timeout = Gauge(
+            "allocator_zookeeper_session_timeout_seconds",
+            "The session timeout the ZooKeeper server granted (the self-stop waits the smaller "
+            "of it and zookeeper.session_timeout_ms); NaN before the first session",
+            registry=r,
+        )
+        self.session_timeout.set(math.nan)
         self.terms = Counter("allocator_terms", "Leadership terms begun by this node", registry=r)
         self.blocks_cut = Counter("allocator_blocks_cut", "Blocks cut and committed", registry=r)
         self.ids_cut = Counter("allocator_ids_cut", "IDs in blocks cut and committed", registry=r)

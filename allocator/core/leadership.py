@@ -34,6 +34,7 @@ class SessionGuard:
     def __init__(
         self, session_timeout_s: float, clock: Callable[[], float] = time.monotonic
     ) -> None:
+        self._configured_s = session_timeout_s
         self._timeout_s = session_timeout_s
         self._clock = clock
         self._lock = threading.Lock()
@@ -66,6 +67,18 @@ class SessionGuard:
             elif state == LOST:
                 self._mark_lost("session expired (kazoo LOST)")
         self.changed.set()
+
+    def grant(self, granted_s: float) -> None:
+        """The server granted this session ``granted_s``: the own timer fires after the
+        smaller of it and the configured timeout, never later than the server expires the
+        session (a server clamps the request to its min/max session timeout)."""
+        with self._lock:
+            self._timeout_s = min(self._configured_s, granted_s)
+
+    @property
+    def timeout_s(self) -> float:
+        """How long a suspension lasts before the own timer declares the session lost."""
+        return self._timeout_s
 
     def check_timer(self) -> bool:
         """Declare the session lost if suspended for a whole session timeout; True if lost."""

@@ -22,6 +22,7 @@ from allocator.node.seams import ZooKeeperFactory
 from allocator.node.session_record import SessionRecorder
 from allocator.node.signals import Signals
 from allocator.zookeeper import client as zkclient
+from allocator.zookeeper import negotiated
 from allocator.zookeeper.election import Election, Identity
 
 log = logs.get_logger(__name__)
@@ -66,6 +67,7 @@ class ZooKeeperSession:
         self._identity = identity
         self._pause_term = pause_term
         self.client: Any = factory()
+        self._warned_grant_ms: int | None = None
         self.election: Election | None = None
         self._metrics.session.state("connecting")
 
@@ -94,6 +96,7 @@ class ZooKeeperSession:
                 f"within {config.zookeeper.connect_timeout_s} s"
             ) from exc
         self._recorder.record(self.credentials())
+        self._granted()
         self.election = Election(
             self.client,
             config.zookeeper.election_path,
@@ -200,6 +203,26 @@ class ZooKeeperSession:
         finally:
             root.stop()
             root.close()
+
+    def _granted(self) -> None:
+        """Time the own self-stop with the timeout the server granted this session, and say
+        so once when it differs from the configured one (log, metric)."""
+        granted_ms = negotiated.granted_timeout_ms(self.client)
+        if granted_ms is None:
+            return
+        self._guard.grant(granted_ms / 1000)
+        self._metrics.session_timeout.set(granted_ms / 1000)
+        configured_ms = self._config.zookeeper.session_timeout_ms
+        if granted_ms != configured_ms and granted_ms != self._warned_grant_ms:
+            self._warned_grant_ms = granted_ms
+            log.warning(
+                "session_timeout_granted",
+                name=self._name,
+                configured_ms=configured_ms,
+                granted_ms=granted_ms,
+                note="the server's min/maxSessionTimeout clamped the request; "
+                "the node times its self-stop with the smaller",
+            )
 
     # kazoo listener: runs on the connection thread; only flips flags.
     def _on_state(self, state: KazooState) -> None:

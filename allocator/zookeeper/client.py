@@ -23,6 +23,7 @@ from allocator.config import Config
 from allocator.core import logs
 from allocator.core.errors import ConfigError
 from allocator.core.zookeeper_hosts import chroot_of, servers_of
+from allocator.zookeeper.negotiated import track_granted_timeout
 
 log = logs.get_logger(__name__)
 
@@ -123,13 +124,14 @@ def client_for(
         options["connection_retry"] = connection_retry
     if command_retry is not None:
         options["command_retry"] = command_retry
-    return KazooClient(
+    built = KazooClient(
         hosts=hosts,
         timeout=timeout_s,
         auth_data=[("digest", auth)] if auth else None,
         default_acl=list(default_acl) if default_acl else None,
         **options,
     )
+    return track_granted_timeout(built)
 
 
 def check_node(config: Config) -> None:

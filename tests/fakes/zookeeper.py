@@ -158,6 +158,9 @@ class FakeEnsemble:
         self._lock = threading.RLock()
         self._session_ids = itertools.count(FIRST_SESSION_ID)  # never reused, even by wipe()
         self._sessions: dict[int, FakeKazooClient] = {}
+        self.granted_timeout_ms: int | None = None
+        """The session timeout the servers grant every new session (what a server's
+        min/maxSessionTimeout made of the request); None: not modelled, nothing granted."""
         self._clear(epoch)
 
     def _clear(self, epoch: int) -> None:
@@ -495,6 +498,9 @@ class FakeKazooClient:
         self._session_id: int | None = None
         self.sessions: list[int] = []
         """Every session this client had, oldest first."""
+        self.granted_timeout_ms: int | None = None
+        """What the servers granted its latest session
+        (:func:`allocator.zookeeper.negotiated.track_granted_timeout` keeps it so)."""
         self.closed = False
 
     # -- lifecycle and state --------------------------------------------------------------
@@ -558,6 +564,7 @@ class FakeKazooClient:
         with self._lock:
             self._session_id = self._ensemble._open_session(self)
             self.sessions.append(self._session_id)
+            self.granted_timeout_ms = self._ensemble.granted_timeout_ms  # as tracked kazoo
             self._state = "connected"
             self._report(KazooState.CONNECTED)
 

@@ -1,5 +1,5 @@
 """The session timeout the server grants reaches the node: kazoo keeps it nowhere, so
-:func:`allocator.zookeeper.negotiated.report_granted_timeout` reads it from the Connect answer.
+:func:`allocator.zookeeper.negotiated.track_granted_timeout` reads it from the Connect answer.
 The embedded cluster's servers grant 400 ms to 20 s (allocator/local/zookeeper.py)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import pytest
 from kazoo.client import KazooClient
 
 from allocator.local.zookeeper import DEFAULT_TICK_MS, MAX_SESSION_TICKS, MIN_SESSION_TICKS
-from allocator.zookeeper.negotiated import report_granted_timeout
+from allocator.zookeeper.negotiated import granted_timeout_ms, track_granted_timeout
 from tests.fixtures.zk import ZK_AUTH
 
 pytestmark = pytest.mark.integration
@@ -26,12 +26,12 @@ MIN_MS = MIN_SESSION_TICKS * DEFAULT_TICK_MS
 def test_the_granted_timeout_is_reported_at_connect(
     zk_hosts: str, asked_ms: int, granted_ms: int
 ) -> None:
-    granted: list[int] = []
     client = KazooClient(hosts=zk_hosts, timeout=asked_ms / 1000, auth_data=[("digest", ZK_AUTH)])
-    report_granted_timeout(client, granted.append)
+    track_granted_timeout(client)
+    assert granted_timeout_ms(client) is None  # no session yet
     client.start(timeout=CONNECT_TIMEOUT_S)
     try:
-        assert granted == [granted_ms]
+        assert granted_timeout_ms(client) == granted_ms
     finally:
         client.stop()
         client.close()

@@ -850,3 +850,31 @@ def test_znodes_we_did_not_write_are_reported_and_change_no_place(
     assert any("event=election_znodes_unparsable" in m and junk in m for m in messages)
     assert any("event=election_znodes_ignored" in m for m in messages)
     assert a.leading() is term  # nothing moved
+
+
+# -- the session timeout the server grants ---------------------------------------------------
+
+
+def test_a_node_times_its_self_stop_with_the_timeout_the_server_granted(
+    cluster: Cluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A server clamps the requested timeout (its min/maxSessionTimeout): asked for 20 s and
+    granted 0.4 s, the node says so and its own timer declares a suspended session lost
+    after 0.4 s, as the server does, not after 20 s (longer than this test waits)."""
+    caplog.set_level(logging.WARNING, logger="allocator.node")
+    cluster.ensemble.granted_timeout_ms = 400
+    a = cluster.node(
+        "a", {"zookeeper.session_timeout_ms": 20_000, "node.on_session_loss": "rejoin"}
+    )
+    old = wait_for("a leads", a.leading)
+    assert a.metric("allocator_zookeeper_session_timeout_seconds") == 0.4
+    warned = [r.getMessage() for r in caplog.records if "session_timeout_granted" in r.getMessage()]
+    assert len(warned) == 1
+    assert "configured_ms=20000" in warned[0]
+    assert "granted_ms=400" in warned[0]
+
+    cluster.ensemble.wipe()  # the old client stays suspended: only the node's timer ends it
+
+    wait_for("a rejoins on a new client", lambda: len(a.clients.built) == 2)
+    assert old.end_reason == "session_lost"
+    assert any("suspended for 0.4 s" in r.getMessage() for r in caplog.records)
