@@ -10,17 +10,19 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
+from kazoo.handlers.threading import KazooTimeoutError
 
 from allocator import config as config_mod
 from allocator.commands.options import GROUP_CODES, OTHER, USAGE, config_options, exit_codes
 from allocator.config import runway
 from allocator.core import errors
-from allocator.core.errors import AllocatorError, InvalidConfigError
+from allocator.core.errors import AllocatorError, InvalidConfigError, ZooKeeperUnavailableError
 from allocator.core.exits import Exit
 from allocator.core.layout import format_utc_ms
 from allocator.core.records import Replication
 from allocator.postgres.operator import read_pool_status, read_replication
 from allocator.zookeeper import client as zkclient
+from allocator.zookeeper import negotiated
 
 
 def render_toml(sections: dict[str, dict[str, object]]) -> str:
@@ -44,7 +46,11 @@ def config() -> None:
         (Exit.OK, "the configuration is valid (warnings, if any, on stderr)"),
         (Exit.USAGE, "a malformed --set"),
         USAGE,
-        (Exit.TEMPFAIL, "--database: the database is unreachable (retry later)"),
+        (
+            Exit.TEMPFAIL,
+            "--database: the database is unreachable, or --zookeeper: no ZooKeeper server "
+            "answered (retry later)",
+        ),
         (
             Exit.CONFIG,
             "invalid (every problem listed), a file that cannot be read, or --database found "
@@ -62,8 +68,19 @@ def config() -> None:
     help="Also connect to postgres.url and check how it replicates: standbys that no commit "
     "waits for are a problem unless postgres.allow_async_replication is set.",
 )
+@click.option(
+    "--zookeeper",
+    "probe_zookeeper",
+    is_flag=True,
+    help="Also open a session with zookeeper.hosts and show the session timeout the server "
+    "grants: a warning when it differs from zookeeper.session_timeout_ms.",
+)
 def check(
-    config_path: Path | None, set_pairs: tuple[str, ...], as_json: bool, probe_database: bool
+    config_path: Path | None,
+    set_pairs: tuple[str, ...],
+    as_json: bool,
+    probe_database: bool,
+    probe_zookeeper: bool,
 ) -> None:
     """Validate the configuration and print it, secrets masked.
 
@@ -85,6 +102,16 @@ def check(
     warnings, problems, replication, probe_error = _replication_findings(loaded, probe_database)
     claim_rate = _claim_rate(loaded) if replication is not None else None
     warnings = zkclient.warnings(loaded) + runway.config_warnings(loaded) + warnings
+    granted_ms: int | None = None
+    if probe_zookeeper and probe_error is None:
+        try:
+            granted_ms = _granted_timeout_ms(loaded)
+        except AllocatorError as exc:
+            problems.append(f"zookeeper.hosts: cannot open a session: {errors.describe(exc)}")
+            probe_error = exc
+        else:
+            grant_warning = _grant_warning(loaded, granted_ms)
+            warnings += [grant_warning] if grant_warning else []
     if replication is not None and claim_rate is not None:
         rate_warning = runway.rate_warning(loaded, claim_rate)
         warnings += [rate_warning] if rate_warning else []
@@ -102,6 +129,11 @@ def check(
             document["replication"] = asdict(replication) | {
                 "asynchronous": replication.asynchronous
             }
+        if granted_ms is not None:
+            document["zookeeper"] = {
+                "session_timeout_ms": loaded.zookeeper.session_timeout_ms,
+                "granted_session_timeout_ms": granted_ms,
+            }
         click.echo(json.dumps(document, indent=2))
     else:
         click.echo("# effective configuration (secrets masked)")
@@ -116,6 +148,37 @@ def check(
     if problems:
         code = probe_error.exit_code if probe_error else InvalidConfigError.exit_code
         raise click.exceptions.Exit(code)
+
+
+def _granted_timeout_ms(loaded: config_mod.Config) -> int | None:
+    """The session timeout a server of ``zookeeper.hosts`` grants this configuration (None if
+    it granted nothing readable); :class:`ZooKeeperUnavailableError` when none answers."""
+    client = zkclient.client(loaded)
+    try:
+        client.start(timeout=loaded.zookeeper.connect_timeout_s)
+    except KazooTimeoutError as exc:
+        client.close()
+        raise ZooKeeperUnavailableError(
+            f"no ZooKeeper server answered at {loaded.zookeeper.hosts} within "
+            f"{loaded.zookeeper.connect_timeout_s} s"
+        ) from exc
+    try:
+        return negotiated.granted_timeout_ms(client)
+    finally:
+        client.stop()
+        client.close()
+
+
+def _grant_warning(loaded: config_mod.Config, granted_ms: int | None) -> str | None:
+    """The warning for a grant that differs from ``zookeeper.session_timeout_ms``."""
+    configured_ms = loaded.zookeeper.session_timeout_ms
+    if granted_ms is None or granted_ms == configured_ms:
+        return None
+    return (
+        f"the ZooKeeper server grants {granted_ms} ms, not zookeeper.session_timeout_ms "
+        f"({configured_ms} ms): its minSessionTimeout/maxSessionTimeout clamp the request; "
+        "nodes time their self-stop with the smaller (docs/operations.md, Session timeouts)"
+    )
 
 
 def _claim_rate(loaded: config_mod.Config) -> float | None:

@@ -12,6 +12,7 @@ import pytest
 
 from allocator.core.exits import Exit
 from allocator.core.layout import MAX_ID, Layout
+from tests.fixtures.zk import ZK_AUTH
 
 SAMPLE_ID = 1_234_567_890_123_456_789
 EX_USAGE, EX_CONFIG = Exit.USAGE, Exit.CONFIG
@@ -267,3 +268,39 @@ def test_a_reader_that_goes_away_ends_the_command_quietly() -> None:
     assert process.returncode == 1
     assert b"Traceback" not in stderr
     assert b"BrokenPipeError" not in stderr
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("asked_ms", "granted_ms"), [(10_000, 10_000), (30_000, 20_000)], ids=["granted", "clamped"]
+)
+def test_config_check_zookeeper_shows_the_granted_session_timeout(
+    zk_hosts: str, asked_ms: int, granted_ms: int
+) -> None:
+    """The embedded servers grant 400 ms..20 s: 30 s asked is 20 s granted, and said."""
+    env = {
+        "ALLOCATOR_ZOOKEEPER_HOSTS": zk_hosts,
+        "ALLOCATOR_ZOOKEEPER_AUTH": ZK_AUTH,
+        "ALLOCATOR_ZOOKEEPER_SESSION_TIMEOUT_MS": str(asked_ms),
+        "ALLOCATOR_POOL_MAX_BLOCK_AGE_S": "600",  # above the runway a 30 s session needs
+    }
+    result = run("config", "check", "--zookeeper", "--json", env=env)
+    assert result.returncode == 0, result.stderr
+    document = json.loads(result.stdout)
+    assert document["zookeeper"] == {
+        "session_timeout_ms": asked_ms,
+        "granted_session_timeout_ms": granted_ms,
+    }
+    clamped = [w for w in document["warnings"] if "the ZooKeeper server grants" in w]
+    assert len(clamped) == (asked_ms != granted_ms)
+
+
+def test_config_check_zookeeper_without_a_server_exits_75(unused_tcp_port: int) -> None:
+    env = {
+        "ALLOCATOR_ZOOKEEPER_HOSTS": f"127.0.0.1:{unused_tcp_port}",
+        "ALLOCATOR_ZOOKEEPER_AUTH": ZK_AUTH,
+        "ALLOCATOR_ZOOKEEPER_CONNECT_TIMEOUT_S": "1",
+    }
+    result = run("config", "check", "--zookeeper", env=env)
+    assert result.returncode == Exit.TEMPFAIL, result.stderr
+    assert "zookeeper.hosts: cannot open a session" in result.stderr
