@@ -10,7 +10,6 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
-from kazoo.handlers.threading import KazooTimeoutError
 
 from allocator import config as config_mod
 from allocator.commands.options import GROUP_CODES, OTHER, USAGE, config_options, exit_codes
@@ -21,8 +20,8 @@ from allocator.core.exits import Exit
 from allocator.core.layout import format_utc_ms
 from allocator.core.records import Replication
 from allocator.postgres.operator import read_pool_status, read_replication
+from allocator.zookeeper import calls, negotiated
 from allocator.zookeeper import client as zkclient
-from allocator.zookeeper import negotiated
 
 
 def render_toml(sections: dict[str, dict[str, object]]) -> str:
@@ -153,20 +152,16 @@ def check(
 def _granted_timeout_ms(loaded: config_mod.Config) -> int | None:
     """The session timeout a server of ``zookeeper.hosts`` grants this configuration (None if
     it granted nothing readable); :class:`ZooKeeperUnavailableError` when none answers."""
-    client = zkclient.client(loaded)
+    client = calls.zookeeper_client(loaded)
     try:
-        client.start(timeout=loaded.zookeeper.connect_timeout_s)
-    except KazooTimeoutError as exc:
+        calls.start(client, loaded)
+    except ZooKeeperUnavailableError:
         client.close()
-        raise ZooKeeperUnavailableError(
-            f"no ZooKeeper server answered at {loaded.zookeeper.hosts} within "
-            f"{loaded.zookeeper.connect_timeout_s} s"
-        ) from exc
+        raise
     try:
         return negotiated.granted_timeout_ms(client)
     finally:
-        client.stop()
-        client.close()
+        calls.close(client)
 
 
 def _grant_warning(loaded: config_mod.Config, granted_ms: int | None) -> str | None:
