@@ -103,6 +103,11 @@ NODE_ENV: Mapping[str, str] = {
     "ALLOCATOR_NODE_SHUTDOWN_TIMEOUT_S": "5",
 }
 
+EXTRA_NODE_ZK_CONNECT_TIMEOUT_S = "15"
+"""An extra node's first ZooKeeper connect. A supervised node that gives up after NODE_ENV's
+3 s is restarted; nobody restarts an extra node, and a loaded machine can stall the server's
+createSession (an fsync) past 3 s: CI #25 lost the skewed node of test_clock_skew that way."""
+
 AL003_POOL_EMPTY = "AL003"
 
 
@@ -386,7 +391,11 @@ class ChaosCluster:
             zk_auth=info.zk_auth,
             session_timeout_ms=self.session_timeout_ms,
             state_dir=self.node_state_dir(name),
-            extra={**self._node_env, **(env or {})},
+            extra={
+                **self._node_env,
+                "ALLOCATOR_ZOOKEEPER_CONNECT_TIMEOUT_S": EXTRA_NODE_ZK_CONNECT_TIMEOUT_S,
+                **(env or {}),
+            },
         )
         log_path = nodes_mod.log_path(self.state_dir, name)
         extra = ExtraNode(name, node_env, log_path, self.state_dir, command)
@@ -482,8 +491,16 @@ class ChaosCluster:
         return wait_for(restarted, f"{name} to exit and be restarted by the supervisor", timeout_s)
 
     def wait_role(self, admin_url: str, role: str, what: str) -> None:
-        """Until the node at ``admin_url`` reports ``role`` (``leader``, ``follower``)."""
-        wait_for(lambda: http_json(f"{admin_url}/status")["role"] == role, what, ignore=(OSError,))
+        """Until the node at ``admin_url`` reports ``role`` (``leader``, ``follower``); fails at
+        once, with its exit code, if that node is an extra node whose process has ended."""
+        extra = next((e for e in self._extras if e.admin_url == admin_url), None)
+
+        def has_role() -> bool:
+            if extra is not None and extra.exit_code is not None:
+                raise AssertionError(f"{what}: {extra.name} exited {extra.exit_code}")
+            return bool(http_json(f"{admin_url}/status")["role"] == role)
+
+        wait_for(has_role, what, ignore=(OSError,))
 
     # -- the verdict ---------------------------------------------------------------------------
 
