@@ -284,3 +284,38 @@ def test_readme_makes_every_credential_and_installs_files_that_exist() -> None:
     for needed in ("useradd --system", "python3 -m venv /opt/allocator", "allocator-migrate"):
         assert needed in readme
     assert f"systemctl enable --now allocator@{INSTANCE}" in readme
+
+
+OPERATOR_SHELLS = (README, ROOT / "docs" / "operations.md", ROOT / "docs" / "deploy.md")
+"""The pages that tell an operator how to set up a shell on a node's host."""
+
+
+def operator_exports(page: Path) -> dict[str, str]:
+    """The ``export NAME=value`` lines of the ``sh`` block that sets ``ALLOCATOR_CONFIG``."""
+    blocks = re.findall(r"^```sh\n(.*?)^```$", page.read_text(), re.S | re.M)
+    (block,) = (b for b in blocks if "export ALLOCATOR_CONFIG=" in b)
+    return dict(re.findall(r"^export (\w+)=(\S+)$", block, re.M))
+
+
+@pytest.mark.parametrize("page", OPERATOR_SHELLS, ids=lambda p: p.name)
+def test_the_operator_shell_has_every_secret_the_node_unit_hands_over(page: Path) -> None:
+    """Issue 24: operators were told of the ZooKeeper and admin-token files but not of
+    pgpass, so `allocator status` logged in without a password. Every variable the node
+    unit points at a credential (``%d/<name>``) is exported, pointing at the same file in
+    /etc/allocator/credentials/."""
+    exports = operator_exports(page)
+    handed = {
+        name: value
+        for line in unit_values(NODE_UNIT, "Environment")
+        for name, _, value in [line.partition("=")]
+        if value.startswith("%d/")
+    }
+    assert set(handed) == {
+        "ALLOCATOR_ZOOKEEPER_AUTH_FILE",
+        "ALLOCATOR_NODE_ADMIN_TOKEN_FILE",
+        "PGPASSFILE",
+    }
+    loaded = credentials_loaded(NODE_UNIT)
+    for name, value in handed.items():
+        assert exports.get(name) == loaded[value.removeprefix("%d/")], (page.name, name)
+    assert exports["ALLOCATOR_CONFIG"] == "/etc/allocator/allocator.toml"
