@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import pytest
 from click.testing import CliRunner, Result
-from kazoo.security import READ_ACL_UNSAFE, make_digest_acl
+from kazoo.security import READ_ACL_UNSAFE, make_acl, make_digest_acl
 
 from allocator import cli, fence
 from allocator.config import Config, load_config
@@ -36,6 +36,24 @@ def test_the_acl_grants_the_identity_everything_and_nobody_else_anything() -> No
         *READ_ACL_UNSAFE,
     ]
     assert zkclient.acl(config(zookeeper__insecure=True)) is None
+
+
+def test_a_sasl_identity_has_every_right_and_readers_read_only() -> None:
+    reader = "digest:ops:wsFsZ+HOM0zKzAMDjR8RyAEH/bU="  # sha1 of ops:ops-pw
+    cfg = config(
+        zookeeper__sasl_username="nodes",
+        zookeeper__sasl_password="nodes-pw",
+        zookeeper__readers=f"{reader},sasl:auditor",
+    )
+    assert zkclient.acl(cfg) == [
+        make_acl("sasl", "nodes", all=True),
+        make_acl("digest", reader.removeprefix("digest:"), read=True),
+        make_acl("sasl", "auditor", read=True),
+    ]
+    assert zkclient.credentials(cfg) == ("nodes", "nodes-pw")
+    zkclient.check_node(cfg)  # a SASL identity is enough for a node
+    both = config(zookeeper__auth=AUTH, zookeeper__sasl_username="n", zookeeper__sasl_password="p")
+    assert zkclient.acl(both) == [OURS, make_acl("sasl", "n", all=True)]
 
 
 def test_every_client_authenticates_and_only_a_chrooted_one_has_a_default_acl() -> None:
