@@ -48,8 +48,9 @@ INSECURE_CHECK_WARNING = (
 )
 NO_AUTH_ERROR = (
     "zookeeper.auth is not set: a node refuses to run without ZooKeeper ACLs; set "
-    "ALLOCATOR_ZOOKEEPER_AUTH (user:password) or [zookeeper] auth in the config file, or "
-    "zookeeper.insecure = true to run without them"
+    "ALLOCATOR_ZOOKEEPER_AUTH (user:password) or [zookeeper] auth in the config file (or a "
+    "SASL identity: zookeeper.sasl_username and sasl_password), or zookeeper.insecure = true "
+    "to run without them"
 )
 NO_AUTH_WARNING = (
     "zookeeper.auth is not set: `allocator run` refuses to start with this configuration "

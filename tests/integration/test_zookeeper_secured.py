@@ -189,6 +189,16 @@ def test_a_node_over_tls_and_sasl_and_an_operator_who_may_only_read(
     assert code == 0, output
     assert '"name": "secured"' in output
 
+    watched = CliRunner().invoke(cli.main, ["watch", "--json", "--duration", "1s"], env=reader)
+    assert watched.exit_code == 0, watched.output
+    assert '"secured"' in watched.output
+
+    # step-down is the admin token's to allow, which a read-only operator does not hold.
+    stepped = CliRunner().invoke(cli.main, ["step-down"], env=reader)
+    assert stepped.exit_code == 78, stepped.output
+    assert stepped.output.startswith("error: node.admin_token is not set")
+    assert node.role == "leader"
+
     # The digest reader over the plain port: reads too.
     digest_reader = {"zookeeper.auth": ":".join(AUDIT)}
     code, output = status(operator_env(secured.plain + chroot, db_url, **digest_reader))

@@ -84,6 +84,27 @@ def test_owned_paths_are_the_chroot_and_below_never_its_parents() -> None:
     assert "/" not in zkclient.owned_paths(config(zookeeper__hosts="zk1:2181"))
 
 
+def test_a_node_adds_new_readers_to_the_znodes_an_earlier_config_made() -> None:
+    # An existing cluster: its znodes carry the identity alone. A node started with
+    # zookeeper.readers gives the persistent ones the readers' READ (ADMIN is the identity's).
+    ensemble = FakeEnsemble()
+    owner = ensemble.client(auth=AUTH, default_acl=[OURS])
+    owner.start()
+    try:
+        for path in ("/election", fence.generation_path("/election")):
+            owner.create_async(path, b"").get()
+        reader = "sasl:ops"
+        cfg = config(zookeeper__auth=AUTH, zookeeper__readers=reader)
+        changed = zkclient.secure(owner, cfg, lambda p: p.get())
+        assert changed == ["/election", fence.generation_path("/election")]
+        wanted = [OURS, make_acl("sasl", "ops", read=True)]
+        assert owner.get_acls_async("/election").get()[0] == wanted
+        assert zkclient.secure(owner, cfg, lambda p: p.get()) == []  # once
+    finally:
+        owner.stop()
+        owner.close()
+
+
 def test_ensure_chroot_gives_only_the_chroot_our_acl() -> None:
     ensemble = FakeEnsemble()
     root = ensemble.client(auth=AUTH)
