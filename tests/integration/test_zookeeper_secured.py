@@ -263,3 +263,41 @@ def test_a_wrong_sasl_password_is_refused(secured: SecuredZooKeeper, db_url: str
     assert code == 78, output
     assert "check zookeeper.sasl_username and zookeeper.sasl_password" in output
     assert "not-the-password" not in output
+
+
+def test_both_identities_while_a_cluster_moves_from_digest_to_sasl(
+    secured: SecuredZooKeeper, chroot: str
+) -> None:
+    both = load_config(
+        None,
+        {
+            "zookeeper.hosts": secured.plain + chroot,
+            "zookeeper.auth": "nodes:digest-password",
+            "zookeeper.sasl_username": "nodes",
+            "zookeeper.sasl_password": NODES_PASSWORD,
+        },
+        env={},
+    )
+    owner = zkclient.client(both)
+    owner.start(timeout=DEADLINE_S)
+    try:
+        owner.ensure_path("/election")
+    finally:
+        owner.stop()
+        owner.close()
+    digest_only = zkclient.client_for(
+        secured.plain + chroot, "nodes:digest-password", timeout_s=10.0
+    )
+    sasl_only = zkclient.client_for(
+        secured.plain + chroot,
+        "",
+        timeout_s=10.0,
+        transport=Transport(sasl=Sasl("nodes", NODES_PASSWORD)),
+    )
+    for client in (digest_only, sasl_only):
+        client.start(timeout=DEADLINE_S)
+        try:
+            client.set("/election", b"")  # either identity alone keeps every right
+        finally:
+            client.stop()
+            client.close()
