@@ -164,12 +164,13 @@ def client_for(
 
 def check_node(config: Config) -> None:
     """Refuse a node without an identity (``zookeeper.auth`` or ``zookeeper.sasl_username``)
-    unless ``zookeeper.insecure`` is set.
+    unless ``zookeeper.insecure`` is set, and one whose TLS files cannot be used.
 
     An insecure node warns at every start and ``config check`` says so (:func:`warnings`).
     """
     if credentials(config) is None and not config.zookeeper.insecure:
         raise ConfigError(NO_AUTH_ERROR)
+    transport(config)  # its TLS files, read now rather than retried by kazoo forever
 
 
 def warnings(config: Config) -> list[str]:

@@ -87,6 +87,16 @@ def transport(config: Config) -> Transport:
     return Transport(tls=tls, sasl=sasl)
 
 
+def file_problems(config: Config) -> list[str]:
+    """What :func:`transport` would refuse in the config's TLS files, one line each (for
+    ``config check`` and ``run --check``, which build no client)."""
+    try:
+        transport(config)
+    except ConfigError as exc:
+        return [str(exc)]
+    return []
+
+
 def check_tls(tls: Tls) -> None:
     """Raise :class:`ConfigError` naming the key if a file cannot be read or loaded: the CA
     as trust anchors, the certificate with its key (and its password). The password is

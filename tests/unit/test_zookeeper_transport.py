@@ -6,7 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
+from allocator import cli
 from allocator.config import Config, load_config
 from allocator.core.errors import ConfigError
 from allocator.zookeeper import client as zkclient
@@ -87,3 +89,20 @@ def test_a_file_that_is_not_pem_or_a_wrong_key_password_is_named(tmp_path: Path)
     (tmp_path / "ca.pem").write_text("not a certificate\n")
     with pytest.raises(ConfigError, match=r"^zookeeper\.tls_ca_file=.*not usable"):
         zkclient.client(tls_config(tmp_path))
+
+
+@pytest.mark.parametrize("command", [["config", "check"], ["run", "--check"]])
+def test_config_check_and_run_check_read_the_tls_files(tmp_path: Path, command: list[str]) -> None:
+    env = {
+        "ALLOCATOR_ZOOKEEPER_AUTH": "u:pw",
+        "ALLOCATOR_ZOOKEEPER_TLS": "true",
+        "ALLOCATOR_ZOOKEEPER_TLS_CA_FILE": str(tmp_path / "missing-ca.pem"),
+    }
+    result = CliRunner().invoke(cli.main, command, env=env)
+    assert result.exit_code == 78, result.output
+    assert f"error: zookeeper.tls_ca_file={tmp_path}/missing-ca.pem: cannot read the file" in (
+        result.output
+    )
+    write_pki(tmp_path)
+    env["ALLOCATOR_ZOOKEEPER_TLS_CA_FILE"] = str(tmp_path / "ca.pem")
+    assert CliRunner().invoke(cli.main, command, env=env).exit_code == 0
