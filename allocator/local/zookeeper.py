@@ -145,7 +145,7 @@ def find_runtime(
     The classpath, verified by running it: the config folder, :data:`REQUIRED_JARS` and a
     logger (``slf4j-simple``: log lines to stderr, i.e. the log file; ``slf4j-nop`` if simple
     is missing, then the log only holds fatal JVM output). The default NIO connection factory
-    needs nothing else, quorum included; Netty is only for its factory or TLS, unused here."""
+    needs nothing else, quorum included; Netty (``netty``) is for TLS, :class:`Secured`."""
     folder = java_dir(jar_dir)
     required = REQUIRED_JARS + (NETTY_JARS if netty else ())
     missing = [name for name in required if not (folder / name).is_file()]
