@@ -20,7 +20,7 @@ from allocator.core.exits import Exit
 from allocator.core.layout import format_utc_ms
 from allocator.core.records import Replication
 from allocator.postgres.operator import read_pool_status, read_replication
-from allocator.zookeeper import calls, negotiated
+from allocator.zookeeper import calls, negotiated, security
 from allocator.zookeeper import client as zkclient
 
 
@@ -101,8 +101,10 @@ def check(
     warnings, problems, replication, probe_error = _replication_findings(loaded, probe_database)
     claim_rate = _claim_rate(loaded) if replication is not None else None
     warnings = zkclient.warnings(loaded) + runway.config_warnings(loaded) + warnings
+    tls_problems = security.file_problems(loaded)
+    problems += tls_problems
     granted_ms: int | None = None
-    if probe_zookeeper and probe_error is None:
+    if probe_zookeeper and probe_error is None and not tls_problems:
         try:
             granted_ms = _granted_timeout_ms(loaded)
         except AllocatorError as exc:

@@ -75,13 +75,7 @@ def cross_check(
             problems.append(("pool.low_watermark_blocks", message, pool.low_watermark_blocks))
     zookeeper = sections.get("zookeeper")
     if isinstance(zookeeper, ZookeeperConfig):
-        has_auth = bool(zookeeper.auth.get_secret_value())
-        if zookeeper.insecure and has_auth:
-            message = "must be false when zookeeper.auth is set (the ACLs are used)"
-            problems.append(("zookeeper.insecure", message, True))
-        if zookeeper.world_readable and not has_auth:
-            message = "needs zookeeper.auth (without it every znode is open to all anyway)"
-            problems.append(("zookeeper.world_readable", message, True))
+        problems += _zookeeper_problems(zookeeper)
     if isinstance(pool, PoolConfig):
         problems += _block_age_problems(pool, zookeeper)
     leader = sections.get("leader")
@@ -115,4 +109,50 @@ def _block_age_problems(pool: PoolConfig, zookeeper: BaseModel | None) -> list[P
     if bound <= least:
         message = f"must be > 2 x pool.refill_interval_s ({least:g} s)"
         problems.append(("pool.max_block_age_s", message, bound))
+    return problems
+
+
+def _zookeeper_problems(zk: ZookeeperConfig) -> list[Problem]:
+    """The identity keys (``auth`` and/or SASL) against ``insecure``, ``world_readable`` and
+    ``readers``; SASL's username and password together; TLS's files with ``tls``
+    (verification is always on, so TLS needs a CA)."""
+    problems: list[Problem] = []
+    has_auth = bool(zk.auth.get_secret_value())
+    has_sasl = bool(zk.sasl_username)
+    if has_sasl and not zk.sasl_password.get_secret_value():
+        problems.append(("zookeeper.sasl_password", "must be set with zookeeper.sasl_username", ""))
+    if zk.sasl_password.get_secret_value() and not has_sasl:
+        message = "needs zookeeper.sasl_username (whose password it is)"
+        problems.append(("zookeeper.sasl_password", message, zk.sasl_password))
+    identity = "zookeeper.auth or zookeeper.sasl_username"
+    if zk.insecure and (has_auth or has_sasl):
+        given = "zookeeper.auth" if has_auth else "zookeeper.sasl_username"
+        message = f"must be false when {given} is set (the ACLs are used)"
+        problems.append(("zookeeper.insecure", message, True))
+    if zk.world_readable and not (has_auth or has_sasl):
+        message = f"needs {identity} (without it every znode is open to all anyway)"
+        problems.append(("zookeeper.world_readable", message, True))
+    if zk.readers.strip() and not (has_auth or has_sasl):
+        message = f"needs {identity} (without it every znode is open to all anyway)"
+        problems.append(("zookeeper.readers", message, zk.readers))
+    if zk.tls and not zk.tls_ca_file:
+        message = (
+            "must be set when zookeeper.tls is true: the servers' certificates are always "
+            "verified (a PEM file of the CA that signed them)"
+        )
+        problems.append(("zookeeper.tls_ca_file", message, ""))
+    for key in ("tls_ca_file", "tls_cert_file", "tls_key_file"):
+        value = getattr(zk, key)
+        if value and not zk.tls:
+            message = "needs zookeeper.tls = true (it would be ignored)"
+            problems.append((f"zookeeper.{key}", message, value))
+    if zk.tls and bool(zk.tls_cert_file) != bool(zk.tls_key_file):
+        key, other = ("tls_key_file", "tls_cert_file")
+        if zk.tls_key_file:
+            key, other = other, key
+        message = f"must be set with zookeeper.{other} (mutual TLS needs both)"
+        problems.append((f"zookeeper.{key}", message, ""))
+    if zk.tls_key_password.get_secret_value() and not zk.tls_key_file:
+        message = "needs zookeeper.tls_key_file (whose password it is)"
+        problems.append(("zookeeper.tls_key_password", message, zk.tls_key_password))
     return problems

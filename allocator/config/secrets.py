@@ -1,5 +1,6 @@
 """The secret keys (:data:`SECRET_KEYS`): ``postgres.url``'s password and every other libpq
-secret parameter in it, ``zookeeper.auth``, ``node.admin_token``. They are ``SecretStr``,
+secret parameter in it, ``zookeeper.auth``, ``zookeeper.sasl_password``,
+``zookeeper.tls_key_password``, ``node.admin_token``. They are ``SecretStr``,
 never echoed in errors, masked for display, and may come from a file named by a
 ``*_FILE`` variable.
 """
@@ -16,7 +17,15 @@ from allocator.core import redact
 from allocator.core.errors import ConfigError
 
 MASK = redact.MASK
-SECRET_KEYS = frozenset({"postgres.url", "zookeeper.auth", "node.admin_token"})
+SECRET_KEYS = frozenset(
+    {
+        "postgres.url",
+        "zookeeper.auth",
+        "zookeeper.sasl_password",
+        "zookeeper.tls_key_password",
+        "node.admin_token",
+    }
+)
 
 
 def mask_url(url: str) -> str:

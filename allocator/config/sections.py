@@ -37,6 +37,10 @@ MIN_ADMIN_TOKEN_DISTINCT = 8
 """A random token of 24 characters has far more distinct ones (base64: ~20, hex: ~13); a
 token with fewer was typed, not generated."""
 
+SASL_DIGEST_MD5 = "DIGEST-MD5"
+KERBEROS_MECHANISMS = frozenset({"GSSAPI", "KERBEROS", "GSS-SPNEGO"})
+_SASL_ID = re.compile(r"[\x21-\x2b\x2d-\x39\x3b-\x7e]+")  # printable, no space , :
+_DIGEST_ID = re.compile(r"[\x21-\x2b\x2d-\x39\x3b-\x7e]+:[A-Za-z0-9+/]{27}=")
 _NODE_NAME = re.compile(rf"[A-Za-z0-9._-]{{1,{MAX_NODE_NAME_CHARS}}}")
 _ADMIN_TOKEN_CHARS = re.compile(r"[\x21-\x7e]+")
 _ID_BITS = layout_mod.ID_BITS
@@ -105,6 +109,29 @@ class ZookeeperConfig(Section):
     insecure: bool = False
     """Run a node without ``auth``: its znodes are open to anyone who reaches ZooKeeper, who
     can stall the election. Warned about at every start; an error together with ``auth``."""
+    readers: str = ""
+    """Identities that may read, never write, the cluster's znodes (an operator's
+    ``status``/``watch``): comma-separated ``digest:<user>:<base64 sha1 of user:password>``
+    or ``sasl:<user>``. Every node adds them to each znode's ACL with READ only."""
+    tls: bool = False
+    """Connect to the ensemble over TLS (its ``secureClientPort``), verifying the servers'
+    certificates against ``tls_ca_file`` (always: there is no switch to turn it off)."""
+    tls_ca_file: str = ""
+    """PEM file of the CA(s) that signed the servers' certificates; needed with ``tls``."""
+    tls_cert_file: str = ""
+    """PEM client certificate for mutual TLS (with ``tls_key_file``); empty: none."""
+    tls_key_file: str = ""
+    """PEM private key of ``tls_cert_file``."""
+    tls_key_password: SecretStr = SecretStr("")
+    """Password of an encrypted ``tls_key_file``; a secret (environment or file only)."""
+    sasl_mechanism: str = SASL_DIGEST_MD5
+    """SASL mechanism when ``sasl_username`` is set: only ``DIGEST-MD5``; Kerberos
+    (``GSSAPI``) is unsupported."""
+    sasl_username: str = ""
+    """SASL identity (the server's JAAS ``user_<name>``); its ACL id is ``sasl:<name>``.
+    Empty: no SASL."""
+    sasl_password: SecretStr = SecretStr("")
+    """Password of ``sasl_username``; a secret (``ALLOCATOR_ZOOKEEPER_SASL_PASSWORD_FILE``)."""
 
     @field_validator("hosts")
     @classmethod
@@ -124,6 +151,53 @@ class ZookeeperConfig(Section):
     def _check_election_path(cls, value: str) -> str:
         check_znode_path(value, "the path")
         return value
+
+    @field_validator("readers", mode="before")
+    @classmethod
+    def _join_readers(cls, value: object) -> object:
+        # A TOML array reads as the comma-separated text the environment holds.
+        if isinstance(value, list | tuple) and all(isinstance(item, str) for item in value):
+            return ",".join(value)
+        return value
+
+    @field_validator("readers")
+    @classmethod
+    def _check_readers(cls, value: str) -> str:
+        for reader in filter(None, (item.strip() for item in value.split(","))):
+            scheme, _, ident = reader.partition(":")
+            if scheme == "digest" and _DIGEST_ID.fullmatch(ident):
+                continue
+            if scheme == "sasl" and _SASL_ID.fullmatch(ident):
+                continue
+            raise ValueError(
+                f"{reader!r} is not digest:<user>:<base64 sha1 of user:password> or "
+                "sasl:<user> (never a password: see docs/zookeeper-acls.md)"
+            )
+        return value
+
+    @field_validator("sasl_mechanism")
+    @classmethod
+    def _check_sasl_mechanism(cls, value: str) -> str:
+        if value.upper() in KERBEROS_MECHANISMS:
+            raise ValueError(
+                "Kerberos (GSSAPI) is unsupported: use DIGEST-MD5 with sasl_username and "
+                "sasl_password, or digest auth (docs/zookeeper-acls.md)"
+            )
+        if value.upper() != SASL_DIGEST_MD5:
+            raise ValueError(f"must be {SASL_DIGEST_MD5} (the only SASL mechanism supported)")
+        return SASL_DIGEST_MD5
+
+    @field_validator("sasl_username")
+    @classmethod
+    def _check_sasl_username(cls, value: str) -> str:
+        if value and not _SASL_ID.fullmatch(value):
+            raise ValueError("must be printable ASCII without spaces, ':' or ','")
+        return value
+
+    def reader_ids(self) -> list[tuple[str, str]]:
+        """``readers`` as (scheme, id) pairs, in order, without duplicates."""
+        pairs = [item.strip().partition(":") for item in self.readers.split(",")]
+        return list(dict.fromkeys((scheme, ident) for scheme, _, ident in pairs if scheme))
 
     @field_validator("auth")
     @classmethod

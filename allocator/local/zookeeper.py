@@ -12,8 +12,8 @@ import os
 import shutil
 import socket
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,21 @@ MAX_SESSION_TICKS = 100
 MAIN_CLASS = "org.apache.zookeeper.server.quorum.QuorumPeerMain"
 REQUIRED_JARS = ("zookeeper.jar", "zookeeper-jute.jar", "slf4j-api.jar")
 LOGGER_JARS = ("slf4j-simple.jar", "slf4j-nop.jar")  # first one present wins
+NETTY_JARS = (
+    "netty-buffer.jar",
+    "netty-codec.jar",
+    "netty-common.jar",
+    "netty-handler.jar",
+    "netty-resolver.jar",
+    "netty-transport.jar",
+    "netty-transport-native-epoll.jar",
+    "netty-transport-native-unix-common.jar",
+)
+"""Netty's connection factory, which TLS needs (:class:`Secured`); Debian ships them with
+``zookeeper`` (libnetty-java)."""
+NETTY_FACTORY = "org.apache.zookeeper.server.NettyServerCnxnFactory"
+SASL_PROVIDER = "org.apache.zookeeper.server.auth.SASLAuthenticationProvider"
+DIGEST_LOGIN_MODULE = "org.apache.zookeeper.server.auth.DigestLoginModule"
 JVM_OPTIONS = (
     "-Xms16m",
     "-Xmx128m",
@@ -64,6 +79,47 @@ class Server:
 
 
 @dataclass(frozen=True)
+class Secured:
+    """A server that also serves TLS on ``secure_port`` (127.0.0.1; Netty's factory) and
+    accepts SASL DIGEST-MD5 for ``sasl_users`` (name: password), beside its plain client
+    port (readiness and four-letter words stay there). For tests of a secured ensemble: the
+    default embedded cluster has neither.
+
+    ``keystore`` is a PEM file with the server's key and certificate, ``truststore`` a PEM
+    CA that signed client certificates (mutual TLS is required of TLS clients)."""
+
+    secure_port: int
+    keystore: Path
+    truststore: Path
+    sasl_users: Mapping[str, str] = field(default_factory=dict, repr=False)
+
+    def settings(self) -> dict[str, str]:
+        """The server's extra ``zoo.cfg`` lines."""
+        lines = {
+            "secureClientPort": str(self.secure_port),
+            "secureClientPortAddress": LOOPBACK,
+            "serverCnxnFactory": NETTY_FACTORY,
+            "ssl.keyStore.location": str(self.keystore),
+            "ssl.keyStore.type": "PEM",
+            "ssl.trustStore.location": str(self.truststore),
+            "ssl.trustStore.type": "PEM",
+            "ssl.clientAuth": "need",
+        }
+        if self.sasl_users:
+            lines["authProvider.1"] = SASL_PROVIDER
+        return lines
+
+    def jaas(self) -> str:
+        """The JAAS file of the SASL users (``Server`` section), empty without them."""
+        if not self.sasl_users:
+            return ""
+        users = "\n".join(
+            f'  user_{name}="{password}"' for name, password in self.sasl_users.items()
+        )
+        return f"Server {{\n  {DIGEST_LOGIN_MODULE} required\n{users};\n}};\n"
+
+
+@dataclass(frozen=True)
 class Runtime:
     """What it takes to launch a server: the Java binary and the classpath jars."""
 
@@ -80,22 +136,25 @@ def java_dir(override: Path | None = None) -> Path:
     return Path(env) if env else DEFAULT_JAVA_DIR
 
 
-def find_runtime(jar_dir: Path | None = None, jvm_options: Sequence[str] = ()) -> Runtime:
+def find_runtime(
+    jar_dir: Path | None = None, jvm_options: Sequence[str] = (), *, netty: bool = False
+) -> Runtime:
     """Check the prerequisites and return the runtime, or raise :class:`PrerequisiteError`
-    naming the apt-get fix.
+    naming the apt-get fix; with ``netty`` (for :class:`Secured`) Netty's jars too.
 
     The classpath, verified by running it: the config folder, :data:`REQUIRED_JARS` and a
     logger (``slf4j-simple``: log lines to stderr, i.e. the log file; ``slf4j-nop`` if simple
     is missing, then the log only holds fatal JVM output). The default NIO connection factory
-    needs nothing else, quorum included; Netty is only for its factory or TLS, unused here."""
+    needs nothing else, quorum included; Netty (``netty``) is for TLS, :class:`Secured`."""
     folder = java_dir(jar_dir)
-    missing = [name for name in REQUIRED_JARS if not (folder / name).is_file()]
+    required = REQUIRED_JARS + (NETTY_JARS if netty else ())
+    missing = [name for name in required if not (folder / name).is_file()]
     if missing:
         raise PrerequisiteError(
             f"ZooKeeper is not installed ({', '.join(missing)} not found in {folder}): "
             "apt-get install zookeeper (Debian package)"
         )
-    jars = [folder / name for name in REQUIRED_JARS]
+    jars = [folder / name for name in required]
     logger = next((folder / n for n in LOGGER_JARS if (folder / n).is_file()), None)
     if logger is not None:
         jars.append(logger)
@@ -138,14 +197,21 @@ def limits(tick_ms: int) -> dict[str, int]:
     }
 
 
-def render_config(state_dir: Path, me: Server, ensemble: Sequence[Server], tick_ms: int) -> str:
+def render_config(
+    state_dir: Path,
+    me: Server,
+    ensemble: Sequence[Server],
+    tick_ms: int,
+    settings: Mapping[str, str] | None = None,
+) -> str:
     """The text of ``zoo.cfg`` for server ``me`` of ``ensemble``.
 
     Loopback only: ``clientPortAddress`` and ``server.N=127.0.0.1:…`` (a quorum peer binds the
     address it is given; ``quorumListenOnAllIPs`` stays false). The admin HTTP server is off
     (Debian lacks its servlet jars too); every four-letter word is allowed (readiness uses
     ``srvr``; operators and tests ``mntr``, ``wchc``, ``ruok``). ``reconfigEnabled=false``;
-    one server is standalone, more a static ensemble (``standaloneEnabled=false``)."""
+    one server is standalone, more a static ensemble (``standaloneEnabled=false``).
+    ``settings`` are extra lines (:meth:`Secured.settings`)."""
     lines = [
         "# Generated by `allocator local`; rewritten at every start. Loopback only.",
         f"tickTime={tick_ms}",
@@ -162,17 +228,24 @@ def render_config(state_dir: Path, me: Server, ensemble: Sequence[Server], tick_
     if len(ensemble) > 1:
         lines.append("standaloneEnabled=false")
         lines.extend(f"server.{s.id}={LOOPBACK}:{s.peer_port}:{s.election_port}" for s in ensemble)
+    lines.extend(f"{key}={value}" for key, value in (settings or {}).items())
     return "\n".join(lines) + "\n"
 
 
-def write_config(state_dir: Path, me: Server, ensemble: Sequence[Server], tick_ms: int) -> Path:
+def write_config(
+    state_dir: Path,
+    me: Server,
+    ensemble: Sequence[Server],
+    tick_ms: int,
+    settings: Mapping[str, str] | None = None,
+) -> Path:
     """Create the server folder, ``data/myid`` and ``zoo.cfg``; return the config path."""
     data = server_dir(state_dir, me.id) / "data"
     data.mkdir(parents=True, exist_ok=True)
     (data / "myid").write_text(f"{me.id}\n")
     path = config_path(state_dir, me.id)
     tmp = path.with_name("zoo.cfg.tmp")
-    tmp.write_text(render_config(state_dir, me, ensemble, tick_ms))
+    tmp.write_text(render_config(state_dir, me, ensemble, tick_ms, settings))
     tmp.replace(path)
     return path
 
@@ -192,10 +265,28 @@ def command(runtime: Runtime, cfg: Path) -> list[str]:
 
 
 def start(
-    runtime: Runtime, state_dir: Path, me: Server, ensemble: Sequence[Server], tick_ms: int
+    runtime: Runtime,
+    state_dir: Path,
+    me: Server,
+    ensemble: Sequence[Server],
+    tick_ms: int,
+    secured: Secured | None = None,
 ) -> processes.Daemon:
-    """Write the config and start server ``me`` as a daemon (not waiting for it)."""
-    cfg = write_config(state_dir, me, ensemble, tick_ms)
+    """Write the config and start server ``me`` as a daemon (not waiting for it); with
+    ``secured`` also its TLS port and SASL users (``runtime`` from
+    ``find_runtime(netty=True)``; the JAAS file is written mode 0600 beside ``zoo.cfg``)."""
+    settings = secured.settings() if secured is not None else None
+    cfg = write_config(state_dir, me, ensemble, tick_ms, settings)
+    if secured is not None and secured.sasl_users:
+        jaas = cfg.with_name("jaas.conf")
+        jaas.touch(mode=0o600)
+        jaas.chmod(0o600)  # a file left by an earlier start keeps its mode otherwise
+        jaas.write_text(secured.jaas())
+        runtime = Runtime(
+            runtime.java,
+            runtime.jars,
+            (*runtime.jvm_options, f"-Djava.security.auth.login.config={jaas}"),
+        )
     environ = process_environment()
     env: dict[str, str] = {
         key: environ[key] for key in ("PATH", "JAVA_HOME", "LANG") if key in environ

@@ -24,6 +24,7 @@ from allocator.config import Config
 from allocator.core.errors import AllocatorError, ConfigError, ZooKeeperUnavailableError
 from allocator.core.exits import Exit
 from allocator.zookeeper import client as zkclient
+from allocator.zookeeper import security
 
 KAZOO_LOG = logging.getLogger(__name__ + ".kazoo")
 """kazoo's own log for the operator's client. Its retry chatter (one WARNING per refused
@@ -40,13 +41,25 @@ def zookeeper_client(config: Config, *, chroot: bool = True) -> KazooClient:
 
 def start(client: KazooClient, config: Config) -> None:
     """Connect, or raise :class:`ZooKeeperUnavailableError`. A missing chroot is no error here
-    (the caller reports an empty election), so kazoo's warning about it is silenced."""
+    (the caller reports an empty election), so kazoo's warning about it is silenced.
+
+    With TLS, a server that refuses the handshake (a certificate our CA did not sign, a
+    port without TLS) is a :class:`ConfigError` saying so: kazoo itself only times out, and
+    never falls back to plain TCP."""
     zk = config.zookeeper
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No chroot path exists")
         try:
             client.start(timeout=zk.connect_timeout_s)
         except KazooTimeoutError as exc:
+            tls = security.transport(config).tls
+            problem = security.handshake_problem(zk.hosts, tls) if tls is not None else None
+            if problem is not None:
+                raise ConfigError(
+                    f"{problem}; check zookeeper.tls_ca_file (the CA that signed the "
+                    "servers' certificates) and that zookeeper.hosts names their "
+                    "secureClientPort"
+                ) from exc
             raise ZooKeeperUnavailableError(
                 f"no ZooKeeper server answered at {zk.hosts} within {zk.connect_timeout_s:g} s"
             ) from exc
@@ -64,9 +77,12 @@ def zookeeper_errors(config: Config, what: str) -> Iterator[None]:
     hosts = config.zookeeper.hosts
     try:
         yield
-    except (NoAuthError, AuthFailedError) as exc:
+    except NoAuthError as exc:
+        raise zkclient.access_refused(config, what) from exc
+    except AuthFailedError as exc:
         raise ConfigError(
-            f"{what}: ZooKeeper at {hosts} refused access; check zookeeper.auth"
+            f"{what}: ZooKeeper at {hosts} refused access: authentication failed; check "
+            "zookeeper.sasl_username and zookeeper.sasl_password"
         ) from exc
     except (ConnectionLoss, SessionExpiredError, KazooTimeoutError) as exc:
         raise ZooKeeperUnavailableError(

@@ -1,8 +1,10 @@
 """ZooKeeper access: how every kazoo client of the project is built, and the ACL of every
 znode the cluster creates.
 
-One identity per cluster, ``zookeeper.auth`` (digest ``user:password``, from the environment
-or the config file, never a flag); kazoo re-sends it on every reconnect. Operators' side:
+One identity per cluster with every right: ``zookeeper.auth`` (digest ``user:password``,
+from the environment or the config file, never a flag) and/or ``zookeeper.sasl_username``
+(SASL DIGEST-MD5); kazoo re-sends it on every reconnect. ``zookeeper.readers`` may read.
+TLS and SASL options: :mod:`allocator.zookeeper.security`. Operators' side:
 ``docs/zookeeper-acls.md``; design: docs/design.md §11.
 """
 
@@ -16,7 +18,15 @@ from typing import Any
 from kazoo.client import KazooClient
 from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
 from kazoo.retry import KazooRetry
-from kazoo.security import ACL, OPEN_ACL_UNSAFE, READ_ACL_UNSAFE, make_digest_acl
+from kazoo.security import (
+    ACL,
+    OPEN_ACL_UNSAFE,
+    READ_ACL_UNSAFE,
+    Id,
+    Permissions,
+    make_acl,
+    make_digest_acl,
+)
 
 from allocator import fence
 from allocator.config import Config
@@ -24,6 +34,7 @@ from allocator.core import logs
 from allocator.core.errors import ConfigError
 from allocator.core.zookeeper_hosts import chroot_of, servers_of
 from allocator.zookeeper.negotiated import track_granted_timeout
+from allocator.zookeeper.security import Transport, transport
 
 log = logs.get_logger(__name__)
 
@@ -37,8 +48,9 @@ INSECURE_CHECK_WARNING = (
 )
 NO_AUTH_ERROR = (
     "zookeeper.auth is not set: a node refuses to run without ZooKeeper ACLs; set "
-    "ALLOCATOR_ZOOKEEPER_AUTH (user:password) or [zookeeper] auth in the config file, or "
-    "zookeeper.insecure = true to run without them"
+    "ALLOCATOR_ZOOKEEPER_AUTH (user:password) or [zookeeper] auth in the config file (or a "
+    "SASL identity: zookeeper.sasl_username and sasl_password), or zookeeper.insecure = true "
+    "to run without them"
 )
 NO_AUTH_WARNING = (
     "zookeeper.auth is not set: `allocator run` refuses to start with this configuration "
@@ -51,18 +63,31 @@ Wait = Callable[[Any], Any]
 
 
 def credentials(config: Config) -> tuple[str, str] | None:
-    """``zookeeper.auth`` as (user, password); None when it is empty."""
+    """The cluster's identity as (user, password): ``zookeeper.auth``'s digest one, else the
+    SASL one (``zookeeper.sasl_username``); None with neither (no ACLs)."""
     user, _, password = config.zookeeper.auth.get_secret_value().partition(":")
-    return (user, password) if user else None
+    if user:
+        return user, password
+    zk = config.zookeeper
+    return (zk.sasl_username, zk.sasl_password.get_secret_value()) if zk.sasl_username else None
 
 
 def acl(config: Config) -> list[ACL] | None:
-    """The ACL of every znode the cluster creates; None (ZooKeeper's open ACL) without auth.
+    """The ACL of every znode the cluster creates; None (ZooKeeper's open ACL) without an
+    identity.
 
-    The identity has every right and nobody else any, except read for the world with
-    ``zookeeper.world_readable``.
+    The cluster's identities (the digest one of ``zookeeper.auth``, ``sasl:<username>`` of
+    ``zookeeper.sasl_username``) have every right; ``zookeeper.readers`` read only; nobody
+    else any, except read for the world with ``zookeeper.world_readable``.
     """
-    return digest_acl(config.zookeeper.auth.get_secret_value(), config.zookeeper.world_readable)
+    zk = config.zookeeper
+    ours = digest_acl(zk.auth.get_secret_value()) or []
+    if zk.sasl_username:
+        ours.append(make_acl("sasl", zk.sasl_username, all=True))
+    if not ours:
+        return None
+    readers = [ACL(Permissions.READ, Id(scheme, ident)) for scheme, ident in zk.reader_ids()]
+    return ours + readers + (list(READ_ACL_UNSAFE) if zk.world_readable else [])
 
 
 def digest_acl(auth: str, world_readable: bool = False) -> list[ACL] | None:
@@ -102,6 +127,7 @@ def client(
         logger=logger,
         connection_retry=connection_retry,
         command_retry=command_retry,
+        transport=transport(config),
     )
 
 
@@ -114,10 +140,12 @@ def client_for(
     logger: logging.Logger | None = None,
     connection_retry: KazooRetry | None = None,
     command_retry: KazooRetry | None = None,
+    transport: Transport | None = None,
 ) -> KazooClient:
     """A kazoo client (not started) of ``hosts`` authenticated as ``auth`` (``user:password``
-    or empty), for tools that have no :class:`Config` (the embedded cluster's own)."""
-    options: dict[str, Any] = {}
+    or empty), for tools that have no :class:`Config` (the embedded cluster's own), over
+    ``transport``'s TLS and SASL (none by default)."""
+    options: dict[str, Any] = transport.kazoo_options() if transport is not None else {}
     if logger is not None:
         options["logger"] = logger
     if connection_retry is not None:
@@ -135,12 +163,14 @@ def client_for(
 
 
 def check_node(config: Config) -> None:
-    """Refuse a node without ``zookeeper.auth`` unless ``zookeeper.insecure`` is set.
+    """Refuse a node without an identity (``zookeeper.auth`` or ``zookeeper.sasl_username``)
+    unless ``zookeeper.insecure`` is set, and one whose TLS files cannot be used.
 
     An insecure node warns at every start and ``config check`` says so (:func:`warnings`).
     """
     if credentials(config) is None and not config.zookeeper.insecure:
         raise ConfigError(NO_AUTH_ERROR)
+    transport(config)  # its TLS files, read now rather than retried by kazoo forever
 
 
 def warnings(config: Config) -> list[str]:
@@ -154,10 +184,22 @@ def warnings(config: Config) -> list[str]:
 
 def access_refused(config: Config, what: str) -> ConfigError:
     """The one-line error for a ``NoAuth`` answer while doing ``what``."""
-    who = "the identity in zookeeper.auth" if credentials(config) else "an unauthenticated client"
-    return ConfigError(
-        f"{what}: ZooKeeper at {config.zookeeper.hosts} refused access to {who}; "
-        "check zookeeper.auth (every node and operator of a cluster uses the same)"
+    return ConfigError(f"{what}: {refusal(config)}")
+
+
+def refusal(config: Config) -> str:
+    """Why ZooKeeper refused a request (``NoAuth``), naming the identity's keys."""
+    zk = config.zookeeper
+    if zk.auth.get_secret_value():
+        who = "the digest identity of zookeeper.auth"
+    elif zk.sasl_username:
+        who = f"sasl:{zk.sasl_username} (zookeeper.sasl_username)"
+    else:
+        who = "unauthenticated"
+    return (
+        f"ZooKeeper at {zk.hosts} refused access; check zookeeper.auth / "
+        f"zookeeper.sasl_username (this client: {who}; nodes, and operators who change "
+        "anything, need the cluster's identity; one of zookeeper.readers may only read)"
     )
 
 
@@ -214,8 +256,8 @@ def take_over(zk: Any, path: str, wanted: Sequence[ACL], wait: Wait) -> bool:
         log.warning(
             "zookeeper_acl_set",
             path=path,
-            note="it carried another ACL (made by a version without ZooKeeper ACLs?); "
-            "now only zookeeper.auth's identity has rights",
+            note="it carried another ACL (made by a version without ZooKeeper ACLs, or "
+            "before zookeeper.readers or the identity changed); now it carries the cluster's",
         )
         return True
     return False  # others keep changing it: the next start looks again

@@ -38,6 +38,18 @@ GOOD: dict[str, tuple[str, object]] = {
     "zookeeper.auth": ("user:pw", "user:pw"),
     "zookeeper.world_readable": ("true", True),
     "zookeeper.insecure": ("false", False),  # true is an error next to auth (own test)
+    "zookeeper.readers": (
+        "digest:ops:NvFL8lKqTgMn1/4zGHWbWrrmGFQ=, sasl:auditor",
+        "digest:ops:NvFL8lKqTgMn1/4zGHWbWrrmGFQ=, sasl:auditor",
+    ),
+    "zookeeper.tls": ("true", True),
+    "zookeeper.tls_ca_file": ("/etc/zk/ca.pem", "/etc/zk/ca.pem"),
+    "zookeeper.tls_cert_file": ("/etc/zk/node.pem", "/etc/zk/node.pem"),
+    "zookeeper.tls_key_file": ("/etc/zk/node.key", "/etc/zk/node.key"),
+    "zookeeper.tls_key_password": ("key-pw", "key-pw"),
+    "zookeeper.sasl_mechanism": ("digest-md5", "DIGEST-MD5"),
+    "zookeeper.sasl_username": ("nodes", "nodes"),
+    "zookeeper.sasl_password": ("sasl-pw", "sasl-pw"),
     "postgres.url": ("postgres://u:pw@db.example:6432/ids", "postgres://u:pw@db.example:6432/ids"),
     "postgres.allow_async_replication": ("true", True),
     "postgres.pool_min_size": ("0", 0),
@@ -123,6 +135,21 @@ BAD: list[tuple[str, str]] = [
     ("postgres.allow_async_replication", "maybe"),
     ("zookeeper.world_readable", "maybe"),
     ("zookeeper.insecure", "maybe"),
+    ("zookeeper.readers", "ops:password"),  # a reader is named by its hash, never a password
+    ("zookeeper.readers", "digest:ops:not-a-sha1"),
+    ("zookeeper.readers", "world:anyone"),
+    ("zookeeper.readers", "sasl:ops"),  # needs the cluster's identity
+    ("zookeeper.tls", "maybe"),
+    ("zookeeper.tls", "true"),  # without a CA: blamed on tls_ca_file
+    ("zookeeper.tls_ca_file", "/etc/zk/ca.pem"),  # without tls = true
+    ("zookeeper.tls_cert_file", "/etc/zk/node.pem"),
+    ("zookeeper.tls_key_file", "/etc/zk/node.key"),
+    ("zookeeper.tls_key_password", "key-pw"),  # without a key file
+    ("zookeeper.sasl_mechanism", "GSSAPI"),  # Kerberos: unsupported
+    ("zookeeper.sasl_mechanism", "PLAIN"),
+    ("zookeeper.sasl_username", "has space"),
+    ("zookeeper.sasl_username", "a:b"),
+    ("zookeeper.sasl_password", "sasl-pw"),  # without a username
     ("postgres.pool_min_size", "-1"),
     ("postgres.pool_min_size", "5"),  # above the default max; blamed on max, see below
     ("postgres.pool_max_size", "0"),
@@ -186,6 +213,7 @@ BLAMED = {
     ("postgres.pool_min_size", "5"): "postgres.pool_max_size",
     ("pool.handover_margin_s", "300"): "pool.max_block_age_s",
     ("layout.datacenter_bits", "-1"): "layout.datacenter_bits",
+    ("zookeeper.tls", "true"): "zookeeper.tls_ca_file",
 }
 SECRETS_WITHOUT_RULES: set[str] = set()
 
@@ -603,3 +631,44 @@ def test_the_age_bound_must_exceed_two_refill_intervals_and_derives_the_jobs_set
     assert defaults.pool.serve_aged_blocks_without_leader is True
     assert block_age.leader_stale_ms(defaults) == 8000  # 3 x 1 s + 5 s
     assert block_age.void_ahead_ms(defaults) == 30_000  # 10 % of 300 s
+
+
+def test_kerberos_is_refused_as_unsupported_and_named() -> None:
+    (line,) = problems(env={env_name("zookeeper.sasl_mechanism"): "GSSAPI"})
+    assert line.startswith("zookeeper.sasl_mechanism: Kerberos (GSSAPI) is unsupported")
+
+
+def test_the_sasl_identity_is_a_node_identity_and_its_password_a_secret() -> None:
+    config = load(
+        env={
+            env_name("zookeeper.sasl_username"): "nodes",
+            env_name("zookeeper.sasl_password"): "sasl-secret-pw",
+            env_name("zookeeper.readers"): "sasl:ops",
+        }
+    )
+    assert config.zookeeper.reader_ids() == [("sasl", "ops")]
+    assert "sasl-secret-pw" not in str(config.masked_dict())
+    with pytest.raises(InvalidConfigError, match=r"zookeeper\.insecure: must be false when "):
+        load(
+            overrides={
+                "zookeeper.sasl_username": "n",
+                "zookeeper.sasl_password": "p",
+                "zookeeper.insecure": True,
+            }
+        )
+    with pytest.raises(UsageError, match="a secret is never taken from the command line"):
+        parse_set_pairs(["zookeeper.sasl_password=p"])
+
+
+def test_readers_from_a_toml_array(tmp_path: Path) -> None:
+    path = write(
+        tmp_path,
+        '[zookeeper]\nauth = "u:pw"\nreaders = ["sasl:ops", "sasl:audit", "sasl:ops"]\n',
+    )
+    assert load(path=path).zookeeper.reader_ids() == [("sasl", "ops"), ("sasl", "audit")]
+
+
+def test_mutual_tls_needs_the_certificate_and_its_key() -> None:
+    base = {"zookeeper.tls": True, "zookeeper.tls_ca_file": "/ca.pem"}
+    (line,) = problems(overrides={**base, "zookeeper.tls_cert_file": "/c.pem"})
+    assert line.startswith("zookeeper.tls_key_file: must be set with zookeeper.tls_cert_file")

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 
 import pytest
 from click.testing import CliRunner, Result
-from kazoo.security import READ_ACL_UNSAFE, make_digest_acl
+from kazoo.security import READ_ACL_UNSAFE, make_acl, make_digest_acl
 
 from allocator import cli, fence
 from allocator.config import Config, load_config
@@ -38,6 +38,24 @@ def test_the_acl_grants_the_identity_everything_and_nobody_else_anything() -> No
     assert zkclient.acl(config(zookeeper__insecure=True)) is None
 
 
+def test_a_sasl_identity_has_every_right_and_readers_read_only() -> None:
+    reader = "digest:ops:wsFsZ+HOM0zKzAMDjR8RyAEH/bU="  # sha1 of ops:ops-pw
+    cfg = config(
+        zookeeper__sasl_username="nodes",
+        zookeeper__sasl_password="nodes-pw",
+        zookeeper__readers=f"{reader},sasl:auditor",
+    )
+    assert zkclient.acl(cfg) == [
+        make_acl("sasl", "nodes", all=True),
+        make_acl("digest", reader.removeprefix("digest:"), read=True),
+        make_acl("sasl", "auditor", read=True),
+    ]
+    assert zkclient.credentials(cfg) == ("nodes", "nodes-pw")
+    zkclient.check_node(cfg)  # a SASL identity is enough for a node
+    both = config(zookeeper__auth=AUTH, zookeeper__sasl_username="n", zookeeper__sasl_password="p")
+    assert zkclient.acl(both) == [OURS, make_acl("sasl", "n", all=True)]
+
+
 def test_every_client_authenticates_and_only_a_chrooted_one_has_a_default_acl() -> None:
     cfg = config(zookeeper__auth=AUTH, zookeeper__hosts="zk1:2181,zk2:2181/allocator/eu1")
     inside = zkclient.client(cfg)
@@ -64,6 +82,27 @@ def test_owned_paths_are_the_chroot_and_below_never_its_parents() -> None:
         fence.watermark_path("/a/election"),
     ]
     assert "/" not in zkclient.owned_paths(config(zookeeper__hosts="zk1:2181"))
+
+
+def test_a_node_adds_new_readers_to_the_znodes_an_earlier_config_made() -> None:
+    # An existing cluster: its znodes carry the identity alone. A node started with
+    # zookeeper.readers gives the persistent ones the readers' READ (ADMIN is the identity's).
+    ensemble = FakeEnsemble()
+    owner = ensemble.client(auth=AUTH, default_acl=[OURS])
+    owner.start()
+    try:
+        for path in ("/election", fence.generation_path("/election")):
+            owner.create_async(path, b"").get()
+        reader = "sasl:ops"
+        cfg = config(zookeeper__auth=AUTH, zookeeper__readers=reader)
+        changed = zkclient.secure(owner, cfg, lambda p: p.get())
+        assert changed == ["/election", fence.generation_path("/election")]
+        wanted = [OURS, make_acl("sasl", "ops", read=True)]
+        assert owner.get_acls_async("/election").get()[0] == wanted
+        assert zkclient.secure(owner, cfg, lambda p: p.get()) == []  # once
+    finally:
+        owner.stop()
+        owner.close()
 
 
 def test_ensure_chroot_gives_only_the_chroot_our_acl() -> None:
