@@ -5,7 +5,8 @@
 # skews one node's clock in drills and chaos tests). With --tests (`make test`) also the tools
 # the checks run: prometheus (promtool: the alert rules and a node's /metrics), chromium (the
 # status page's browser test, driven by Playwright), kubectl (kubernetes-client: renders
-# deploy/k8s), systemd (systemd-analyze verify) and docker-compose (validates deploy/compose).
+# deploy/k8s), systemd (systemd-analyze verify), docker-compose (validates deploy/compose) and
+# pgbouncer (claims through it in transaction mode; the package's own service is not used).
 # Needs root (or sudo) only when something is missing; prints what to install otherwise.
 set -euo pipefail
 
@@ -24,6 +25,8 @@ if [ "${1:-}" = "--tests" ]; then  # what only `make test`'s checks run
     command -v systemd-analyze >/dev/null 2>&1 || missing+=(systemd)
     # docker-compose (1.29) validates deploy/compose offline (`config`); no Docker engine needed
     command -v docker-compose >/dev/null 2>&1 || missing+=(docker-compose)
+    # PgBouncer in transaction mode in front of the claims (tests/integration/test_pgbouncer.py)
+    [ -x /usr/sbin/pgbouncer ] || missing+=(pgbouncer)
 fi
 
 if [ ${#missing[@]} -eq 0 ]; then

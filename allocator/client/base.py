@@ -45,7 +45,14 @@ CLAIM_BLOCKS_EXPIRING: Final = (
 )
 """:data:`CLAIM_BLOCKS` plus each block's ``expires_in_ms`` (migration 0011; a database
 without it answers SQLSTATE 42883, undefined_function, and the claimers fall back)."""
-SET_STATEMENT_TIMEOUT: Final = "SELECT set_config('statement_timeout', %(ms)s, false)"
+SET_LOCAL_STATEMENT_TIMEOUT: Final = "SELECT set_config('statement_timeout', %(ms)s, true)"
+"""The claim's own ``statement_timeout``, sent ahead of the claim statement in the same
+transaction (a pipeline: one round trip). ``true``: the setting ends with that transaction,
+so nothing stays on the connection (a server connection PgBouncer shares in transaction
+mode, a pool's connection). It applies to the claim statement, which PostgreSQL times
+afresh: it restarts the timer after each statement of a pipeline (PostgreSQL 13+)."""
+SET_LOCAL_STATEMENT_TIMEOUT_PQ: Final = b"SELECT set_config('statement_timeout', $1, true)"
+""":data:`SET_LOCAL_STATEMENT_TIMEOUT` for libpq's own placeholders."""
 CLAIM_BLOCKS_PQ: Final = b"SELECT block_id, first_id, last_id FROM allocator.claim_blocks($1, $2)"
 """:data:`CLAIM_BLOCKS` for libpq's own placeholders (:meth:`PostgresClaimer.begin`)."""
 CLAIM_BLOCKS_EXPIRING_PQ: Final = (

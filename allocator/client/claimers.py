@@ -5,6 +5,7 @@ caller at a time (the clients guarantee it).
 
 from __future__ import annotations
 
+import contextlib
 import math
 import selectors
 import threading
@@ -30,7 +31,8 @@ from allocator.client.base import (
     INT4_OID,
     KEEP_CONNECTION_SQLSTATES,
     MAX_BATCH_BLOCKS,
-    SET_STATEMENT_TIMEOUT,
+    SET_LOCAL_STATEMENT_TIMEOUT,
+    SET_LOCAL_STATEMENT_TIMEOUT_PQ,
     TEXT_OID,
     UNDEFINED_FUNCTION_SQLSTATE,
     AsyncClaimer,
@@ -78,6 +80,51 @@ def _connect_timeout(seconds: float) -> int:
     return max(2, math.ceil(seconds))  # libpq counts whole seconds; below 2 it misbehaves
 
 
+_PIPELINE = psycopg.Pipeline.is_supported()
+"""Whether libpq has pipeline mode (14+; the ``psycopg[binary]`` wheels always do)."""
+
+
+# The rule of every claim the claimers send, so that a claim works through PgBouncer in
+# transaction mode and leaves nothing behind on a shared or pooled connection: its
+# statement_timeout is set per transaction (SET_LOCAL_STATEMENT_TIMEOUT, in the claim's own
+# transaction, one round trip in a pipeline), never per session; statements are never
+# prepared server-side (``prepare=False``, own connections with ``prepare_threshold=None``):
+# PgBouncer before 1.21 (Debian 12 ships 1.18) cannot route a named prepared statement; no
+# SET, LISTEN or advisory lock ever runs on a claimer's connection.
+
+
+def _claim_rows(
+    conn: psycopg.Connection[TupleRow], statement: str, params: dict[str, Any], timeout_ms: str
+) -> list[TupleRow]:
+    """One claim statement with its statement_timeout, in one transaction (see the rule
+    above): the connection's own (autocommit: the pipeline's implicit one) or the one a
+    pooled connection opens and its pool context commits. Without pipeline mode: an explicit
+    transaction (two more round trips)."""
+    batch: contextlib.AbstractContextManager[object] = (
+        conn.pipeline() if _PIPELINE else conn.transaction()
+    )
+    with batch:
+        conn.execute(SET_LOCAL_STATEMENT_TIMEOUT, {"ms": timeout_ms}, prepare=False)
+        cursor = conn.execute(statement, params, prepare=False)
+    return cursor.fetchall()
+
+
+async def _claim_rows_async(
+    conn: psycopg.AsyncConnection[TupleRow],
+    statement: str,
+    params: dict[str, Any],
+    timeout_ms: str,
+) -> list[TupleRow]:
+    """:func:`_claim_rows`, awaited."""
+    batch: contextlib.AbstractAsyncContextManager[object] = (
+        conn.pipeline() if _PIPELINE else conn.transaction()
+    )
+    async with batch:
+        await conn.execute(SET_LOCAL_STATEMENT_TIMEOUT, {"ms": timeout_ms}, prepare=False)
+        cursor = await conn.execute(statement, params, prepare=False)
+    return await cursor.fetchall()
+
+
 # -- PostgreSQL claimers -----------------------------------------------------------------------
 
 
@@ -89,18 +136,26 @@ class _SentClaim:
     conn: psycopg.Connection[TupleRow]
     flushed: bool
     results: list[PGresult]
+    synced: bool = False
+    """Whether the pipeline's sync arrived: the claim's transaction has ended (committed, or
+    failed), so its results are final."""
 
 
 class PostgresClaimer:
     """Claims over one connection of its own (opened on first claim, reopened after a
     failure) from a conninfo string, or over connections borrowed from a ``psycopg_pool``
-    pool (whose settings are then the pool owner's business).
+    pool (whose settings are then the pool owner's business; each claim still sets its own
+    statement_timeout, for its transaction only).
 
     It is a :class:`NonBlockingClaimer` over its own connection once that is open (the first
     :meth:`claim` opens it; ``begin`` never connects): ``begin`` sends the claim with libpq's
     non-blocking calls (psycopg keeps its connections in non-blocking mode), ``poll`` reads
     what has arrived, ``finish`` waits on the socket with the GIL released, for at most the
     statement timeout plus ``connect_timeout_s``. Over a pool ``begin`` always declines.
+
+    Every claim sets its statement_timeout (``statement_timeout_ms``) for its own transaction
+    only, and no statement is prepared server-side: a claim works through PgBouncer in
+    transaction mode (docs/claiming-ids.md, PgBouncer).
 
     After any error but AL001..AL004 (answers of ``claim_blocks`` itself, on a sound
     connection) it closes its own connection, so the next claim reconnects.
@@ -116,7 +171,7 @@ class PostgresClaimer:
     ) -> None:
         self._source = source
         self._connect_timeout_s = connect_timeout_s
-        self._statement_timeout_ms = statement_timeout_ms
+        self._timeout_param = str(statement_timeout_ms)
         self._application_name = application_name
         self._answer_timeout_s = statement_timeout_ms / 1000 + connect_timeout_s
         self._conn: psycopg.Connection[TupleRow] | None = None
@@ -157,34 +212,35 @@ class PostgresClaimer:
         (autocommit: idle again after a failed lookup)."""
         if isinstance(self._source, ConnectionPool):
             with self._source.connection() as pooled:
-                rows: list[TupleRow] = pooled.execute(statement, params).fetchall()
-            return rows
-        return self._connection().execute(statement, params).fetchall()
+                return _claim_rows(pooled, statement, params, self._timeout_param)
+        return _claim_rows(self._connection(), statement, params, self._timeout_param)
 
     def _connection(self) -> psycopg.Connection[TupleRow]:
         if self._conn is None or self._conn.closed:
             assert isinstance(self._source, str)
             self._expiring = None  # a new connection asks again (the schema may be newer)
-            conn = psycopg.connect(
+            self._conn = psycopg.connect(
                 self._source,
                 autocommit=True,
+                prepare_threshold=None,
                 connect_timeout=_connect_timeout(self._connect_timeout_s),
                 application_name=self._application_name,
             )
-            try:
-                conn.execute(SET_STATEMENT_TIMEOUT, {"ms": str(self._statement_timeout_ms)})
-            except BaseException:
-                conn.close()
-                raise
-            self._conn = conn
         return self._conn
 
     def begin(self, consumer: str, n: int) -> bool:
         """Send a claim over the own connection without waiting (see
-        :class:`NonBlockingClaimer`). libpq writes the few hundred bytes into the socket
-        buffer at once; the rare rest is flushed by :meth:`poll`."""
+        :class:`NonBlockingClaimer`): in libpq's pipeline mode, the claim's statement_timeout,
+        the claim and a sync, as :func:`_claim_rows` sends them. libpq writes the few hundred
+        bytes into the socket buffer at once; the rare rest is flushed by :meth:`poll`."""
         conn = self._conn
-        if self._sent is not None or conn is None or conn.closed or self._expiring is None:
+        if (
+            self._sent is not None
+            or conn is None
+            or conn.closed
+            or self._expiring is None
+            or not _PIPELINE
+        ):
             # also: a pool source, which never opens a connection of its own; and a
             # connection that has not yet learnt which claim function the database has
             return False
@@ -197,7 +253,14 @@ class PostgresClaimer:
             return False  # claim() reports it
         try:
             statement = CLAIM_BLOCKS_EXPIRING_PQ if self._expiring else CLAIM_BLOCKS_PQ
+            pgconn.enter_pipeline_mode()
+            pgconn.send_query_params(
+                SET_LOCAL_STATEMENT_TIMEOUT_PQ,
+                [self._timeout_param.encode()],
+                param_types=[TEXT_OID],
+            )
             pgconn.send_query_params(statement, params, param_types=[TEXT_OID, INT4_OID])
+            pgconn.pipeline_sync()
             flushed = pgconn.flush() == 0
         except psycopg.Error:
             # Broken connection: claim() reconnects. Had the server read the whole claim, its
@@ -210,7 +273,9 @@ class PostgresClaimer:
     def poll(self) -> list[Block] | None:
         """The begun claim's blocks once its answer is in (see :class:`NonBlockingClaimer`):
         ``consume_input`` reads what the socket holds, ``is_busy`` tells whether libpq can
-        hand out the next result without waiting."""
+        hand out the next result without waiting. The claim is over at the pipeline's sync
+        (its transaction has ended): its rows arrive before the commit, and are never
+        returned before it."""
         sent = self._sent
         if sent is None:
             raise RuntimeError("PostgresClaimer.poll() without a claim begun")
@@ -222,13 +287,15 @@ class PostgresClaimer:
                     return None
                 sent.flushed = True
             pgconn.consume_input()
-            while not pgconn.is_busy():
+            while not sent.synced:
+                if pgconn.is_busy():
+                    return None
                 result = pgconn.get_result()
                 if result is None:
-                    break
+                    continue  # the end of one statement's results; the next follow
                 sent.results.append(result)
-            else:
-                return None
+                sent.synced = result.status == ExecStatus.PIPELINE_SYNC
+            pgconn.exit_pipeline_mode()
         except psycopg.Error as exc:  # the connection failed (OperationalError)
             self._sent = None
             self.close()
@@ -281,8 +348,8 @@ class PostgresClaimer:
                 raise translate_claim_error(exc) from exc
         rows = [r for r in sent.results if r.status == ExecStatus.TUPLES_OK]
         blocks: list[Block] = []
-        if len(rows) == 1 and rows[0].nfields in (3, 4):
-            result = rows[0]
+        if len(rows) == 2 and rows[1].nfields in (3, 4):  # set_config's, then the claim's
+            result = rows[1]
             for row in range(result.ntuples):
                 block_id, first_id, last_id = (result.get_value(row, column) for column in range(3))
                 if block_id is None or first_id is None or last_id is None:
@@ -325,7 +392,7 @@ class AsyncPostgresClaimer:
     ) -> None:
         self._source = source
         self._connect_timeout_s = connect_timeout_s
-        self._statement_timeout_ms = statement_timeout_ms
+        self._timeout_param = str(statement_timeout_ms)
         self._application_name = application_name
         self._conn: psycopg.AsyncConnection[TupleRow] | None = None
         self._expiring: bool | None = None
@@ -357,27 +424,21 @@ class AsyncPostgresClaimer:
         (autocommit: idle again after a failed lookup)."""
         if isinstance(self._source, AsyncConnectionPool):
             async with self._source.connection() as pooled:
-                rows: list[TupleRow] = await (await pooled.execute(statement, params)).fetchall()
-            return rows
+                return await _claim_rows_async(pooled, statement, params, self._timeout_param)
         conn = await self._connection()
-        return await (await conn.execute(statement, params)).fetchall()
+        return await _claim_rows_async(conn, statement, params, self._timeout_param)
 
     async def _connection(self) -> psycopg.AsyncConnection[TupleRow]:
         if self._conn is None or self._conn.closed:
             assert isinstance(self._source, str)
             self._expiring = None  # a new connection asks again (the schema may be newer)
-            conn = await psycopg.AsyncConnection.connect(
+            self._conn = await psycopg.AsyncConnection.connect(
                 self._source,
                 autocommit=True,
+                prepare_threshold=None,
                 connect_timeout=_connect_timeout(self._connect_timeout_s),
                 application_name=self._application_name,
             )
-            try:
-                await conn.execute(SET_STATEMENT_TIMEOUT, {"ms": str(self._statement_timeout_ms)})
-            except BaseException:
-                await conn.close()
-                raise
-            self._conn = conn
         return self._conn
 
     async def close(self) -> None:

@@ -10,6 +10,7 @@ from an ``InMemoryClaimer`` whose ``expires_in_ms`` the test sets.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -19,7 +20,11 @@ import psycopg
 import pytest
 
 from allocator.client import AsyncIdClient, Block, IdClient, InMemoryClaimer, PostgresClaimer
-from allocator.client.base import CLAIM_BLOCKS, CLAIM_BLOCKS_EXPIRING
+from allocator.client.base import (
+    CLAIM_BLOCKS,
+    CLAIM_BLOCKS_EXPIRING,
+    SET_LOCAL_STATEMENT_TIMEOUT,
+)
 from allocator.core.errors import DatabaseError
 
 FIRST = 1 << 22
@@ -219,13 +224,24 @@ class FakeCursor:
 
 
 class FakeConnection:
-    """Answers ``claim_blocks_expiring`` with 42883 when ``has_expiring`` is false."""
+    """Answers ``claim_blocks_expiring`` with 42883 when ``has_expiring`` is false; records
+    the claim statements (``statements``) and the statement timeouts each claim set."""
 
     def __init__(self, has_expiring: bool) -> None:
         self.has_expiring = has_expiring
         self.statements: list[str] = []
+        self.timeouts: list[str] = []
 
-    def execute(self, statement: str, params: dict[str, Any]) -> FakeCursor:
+    def pipeline(self) -> contextlib.nullcontext[None]:
+        return contextlib.nullcontext()
+
+    def execute(
+        self, statement: str, params: dict[str, Any], *, prepare: bool | None = None
+    ) -> FakeCursor:
+        assert prepare is False, "a claim is never prepared server-side (PgBouncer)"
+        if statement == SET_LOCAL_STATEMENT_TIMEOUT:
+            self.timeouts.append(params["ms"])
+            return FakeCursor([(params["ms"],)])
         self.statements.append(statement)
         if statement == CLAIM_BLOCKS_EXPIRING:
             if not self.has_expiring:
@@ -244,6 +260,7 @@ def test_the_claimer_falls_back_to_claim_blocks_once_per_connection() -> None:
     assert claimer.claim("c", 1) == [Block(1, FIRST, FIRST + 9, None)]
     # It asked for the new function once; after 42883 only claim_blocks.
     assert conn.statements == [CLAIM_BLOCKS_EXPIRING, CLAIM_BLOCKS, CLAIM_BLOCKS]
+    assert conn.timeouts == ["5000"] * 3  # each statement in a transaction with its timeout
 
 
 def test_the_claimer_uses_claim_blocks_expiring_where_it_exists() -> None:
@@ -256,7 +273,11 @@ def test_the_claimer_uses_claim_blocks_expiring_where_it_exists() -> None:
 
 def test_other_errors_of_the_new_function_are_not_taken_for_an_old_schema() -> None:
     class Refusing(FakeConnection):
-        def execute(self, statement: str, params: dict[str, Any]) -> FakeCursor:
+        def execute(
+            self, statement: str, params: dict[str, Any], *, prepare: bool | None = None
+        ) -> FakeCursor:
+            if statement == SET_LOCAL_STATEMENT_TIMEOUT:
+                return FakeCursor([])
             self.statements.append(statement)
             raise psycopg.errors.InsufficientPrivilege("permission denied for function")
 
