@@ -4,6 +4,7 @@ after a loss (docs/design.md §4).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -120,13 +121,14 @@ class ZooKeeperSession:
         while not self._signals.stop.is_set():
             if client is None:
                 client = self._factory(client_id=resume)
+                attempt_ends = time.monotonic() + self._pacing.rejoin_attempt_s
                 try:
-                    self._start(client)
+                    self._start(client, self._pacing.rejoin_attempt_s)
                 except ZooKeeperUnavailableError as exc:
                     log.warning("rejoin_failed", name=self._name, error=str(exc))
                     self._stop(client)
                     client = None
-                    self._signals.stop.wait(self._pacing.zookeeper_error_backoff_s)
+                    self._signals.stop.wait(max(0.0, attempt_ends - time.monotonic()))
                     continue
             session = self._session_of(client)
             owned = None if session is None else self._owns(client, znode, session)
@@ -184,15 +186,18 @@ class ZooKeeperSession:
             return None
         return stat is not None and stat.ephemeralOwner == session
 
-    def _start(self, client: Any) -> None:
-        """Start ``client`` within the connect timeout (ZooKeeperUnavailableError if not)."""
+    def _start(self, client: Any, within_s: float | None = None) -> None:
+        """Start ``client`` within the connect timeout, or ``within_s`` if shorter
+        (ZooKeeperUnavailableError if not)."""
         config = self._config
+        timeout_s = config.zookeeper.connect_timeout_s
+        if within_s is not None:
+            timeout_s = min(timeout_s, within_s)
         try:
-            client.start(timeout=config.zookeeper.connect_timeout_s)
+            client.start(timeout=timeout_s)
         except KazooTimeoutError as exc:
             raise ZooKeeperUnavailableError(
-                f"no ZooKeeper server answered at {config.zookeeper.hosts} "
-                f"within {config.zookeeper.connect_timeout_s} s"
+                f"no ZooKeeper server answered at {config.zookeeper.hosts} within {timeout_s} s"
             ) from exc
 
     def _began(self, client: Any) -> None:

@@ -73,6 +73,7 @@ FAST_PACING = Pacing(
     blocked_retry_s=0.02,
     election_scan_s=0.02,
     zookeeper_error_backoff_s=0.02,
+    rejoin_attempt_s=0.02,
 )
 
 
