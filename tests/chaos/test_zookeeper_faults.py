@@ -89,7 +89,14 @@ def test_quorum_lost_nothing_is_written_no_node_restarts_then_cutting_resumes() 
         old = chaos.wait_leader()
         info = chaos.info()
         before = {n.name: (n.pid, n.restarts) for n in info.nodes}
-        sessions = {n.name: http_json(f"{n.admin_url}/status")["session_id"] for n in info.nodes}
+        sessions = {
+            n.name: wait_for(
+                lambda url=n.admin_url: http_json(f"{url}/status")["session_id"],
+                f"{n.name} to have a session",
+                ignore=(OSError,),
+            )
+            for n in info.nodes
+        }
         old_url = chaos.node(old.name).admin_url
         consumers = chaos_consumers(info.consumer_database_url).start()
         try:
