@@ -26,20 +26,24 @@ from allocator.core.exits import Exit
 if TYPE_CHECKING:
     from allocator.config import Config
     from allocator.node import Node
+    from allocator.node.seams import ZooKeeperFactory
 
 log = logging.getLogger(__name__)
 
 
-def zookeeper_factory(config: Config, *, root: bool = False) -> Callable[[], Any]:
+def zookeeper_factory(config: Config, *, root: bool = False) -> ZooKeeperFactory:
     """Builds a fresh kazoo client for the node's cluster (one per session, see the node),
     authenticated and with the cluster's ACL (:func:`allocator.zookeeper.client.client`); ``root``:
-    without the chroot (only to recreate the chroot after an ensemble wipe)."""
+    without the chroot (only to recreate the chroot after an ensemble wipe). Given a
+    ``client_id``, the client continues that session if it still lives
+    (:mod:`allocator.zookeeper.resume`)."""
     from kazoo.retry import KazooRetry
 
     from allocator.zookeeper import client as zkclient
+    from allocator.zookeeper.resume import resume
 
-    def make() -> Any:
-        return zkclient.client(
+    def make(client_id: tuple[int, bytes] | None = None) -> Any:
+        built = zkclient.client(
             config,
             chroot=not root,
             connection_retry=KazooRetry(
@@ -51,6 +55,7 @@ def zookeeper_factory(config: Config, *, root: bool = False) -> Callable[[], Any
             ),
             command_retry=KazooRetry(max_tries=3, delay=0.1, backoff=2, max_delay=1.0),
         )
+        return built if client_id is None else resume(built, client_id)
 
     return make
 
@@ -129,7 +134,8 @@ def serve(node: Node) -> None:
 @click.option(
     "--on-session-loss",
     type=click.Choice(["exit", "rejoin"]),
-    help="On ZooKeeper session loss: exit (code 3) or rejoin the election (node.on_session_loss).",
+    help="On ZooKeeper session loss: rejoin the election, keeping the session if ZooKeeper "
+    "still holds it (default), or exit with code 3 (node.on_session_loss).",
 )
 @click.option(
     "--log-format", type=click.Choice(["text", "json"]), help="Log format (node.log_format)."

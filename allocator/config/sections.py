@@ -269,7 +269,10 @@ class NodeConfig(Section):
     """Worker threads of the admin HTTP server (slow clients hold no thread)."""
     admin_timeout_s: Float = Field(default=5.0, gt=0, le=60)
     """Total time a request may take to arrive, and its answer to be taken."""
-    on_session_loss: Literal["exit", "rejoin"] = "exit"
+    on_session_loss: Literal["exit", "rejoin"] = "rejoin"
+    """What a node does once its ZooKeeper session is lost (its term, if any, ended): rejoin
+    (keep the old session if ZooKeeper confirms it with the node's znode, else a new one, the
+    old one closed first: docs/design.md §4), or exit 3 for a supervisor to restart it."""
     log_format: Literal["text", "json"] = "text"
     shutdown_timeout_s: Float = Field(default=10.0, gt=0)
     state_dir: str = ""

@@ -26,6 +26,7 @@ TABLE_COLUMNS: Final = (
     ("claim errors", 12),
     ("pool empty", 10),
     ("leaderless s", 12),
+    ("node restarts", 13),
     ("stale writes rejected", 21),
     ("violations", 10),
 )
@@ -59,6 +60,7 @@ def render_table(results: Sequence[ScenarioResult]) -> list[str]:
             str(r.claim_errors),
             str(r.pool_empty),
             f"{r.leaderless_s:.1f}",
+            str(r.node_restarts),
             str(r.stale_writes_rejected),
             str(len(r.violations)),
         ]

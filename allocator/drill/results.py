@@ -60,6 +60,12 @@ class RoundResult:
     claim_errors: int = 0
     pool_empty: int = 0
     """The consumers' claims, failed claims and "pool empty" answers during the round."""
+    node_restarts: int = 0
+    """Nodes running as another process once the round was over (exited and restarted)."""
+    outage_s: float | None = None
+    """From the fault until its heal returned (a server fault: serving again)."""
+    leaderless_s: float | None = None
+    """Time without a serving leader from the fault until the cluster was ready again."""
 
     @property
     def ok(self) -> bool:
@@ -85,6 +91,9 @@ class RoundResult:
             "claims": self.claims,
             "claim_errors": self.claim_errors,
             "pool_empty": self.pool_empty,
+            "node_restarts": self.node_restarts,
+            "outage_s": None if self.outage_s is None else round(self.outage_s, 1),
+            "leaderless_s": None if self.leaderless_s is None else round(self.leaderless_s, 1),
         }
 
 
@@ -110,6 +119,11 @@ class ScenarioResult:
     leaderless_s: float = 0.0
     duration_s: float = 0.0
     seed: int | None = None
+
+    @property
+    def node_restarts(self) -> int:
+        """Node restarts over the rounds (a node restarted in two rounds counts twice)."""
+        return sum(r.node_restarts for r in self.rounds)
 
     @property
     def failed_rounds(self) -> int:
@@ -156,6 +170,7 @@ class ScenarioResult:
             "failed_rounds": self.failed_rounds,
             "handovers": len(self.handover_times_ms()),
             "leaderless_s": round(self.leaderless_s, 1),
+            "node_restarts": self.node_restarts,
             "session_timeout_ms": self.session_timeout_ms,
             "nodes": self.nodes,
             "zk_servers": self.zk_servers,

@@ -110,6 +110,10 @@ class Drill(Waits):
         self._reported: set[Violation] = set()
         self._logs = LogCounter(sources.node_logs) if sources.node_logs else None
         self.pids: set[int] = set(sources.known_pids)
+        self._node_pids: dict[str, int] = {}
+        """Node name → pid, as the last :meth:`wait_ready` saw them."""
+        self._round_pids: dict[str, int] = {}
+        """The same, when the round in progress began."""
 
     # -- lifecycle ----------------------------------------------------------------------------
 
@@ -245,6 +249,7 @@ class Drill(Waits):
             contenders = read_contenders(zk, self._sources.election_path)
             pids = self._sources.pids(contenders)
             self.pids.update(pids.values())
+            self._node_pids = dict(pids)
             fence = self._fence.read()
             leader, reason = ready_leader(
                 fence, contenders, pids, self.target.names, self.target.admin_urls
@@ -312,6 +317,7 @@ class Drill(Waits):
             outcome.error = str(exc)
             return outcome
         outcome.leader, outcome.leader_pid, outcome.epoch = leader.name, leader.pid, leader.epoch
+        self._round_pids = dict(self._node_pids)
         scenarios = [scenarios_mod.SCENARIOS[name] for name in names]
         faults: list[Fault] = []
         try:
@@ -353,6 +359,9 @@ class Drill(Waits):
                 outcome.ready_ms = round((time.monotonic() - faults[0].started_at) * 1000, 1)
                 if outcome.new_leader is None and ready.epoch > leader.epoch:
                     outcome.new_leader, outcome.new_epoch = ready.name, ready.epoch
+                self._measure(faults, outcome, serving=any(s.rides_out for s in scenarios))
+                if len(scenarios) == 1 and outcome.error is None:
+                    outcome.error = scenarios[0].judge(outcome)
         for fault, mark in zip(faults, marks, strict=True):
             mark.handover_ms = outcome.handover_ms
             mark.ok = outcome.ok
@@ -401,6 +410,32 @@ class Drill(Waits):
                 return
             time.sleep(FENCE_POLL_INTERVAL_S)
 
+    def _measure(self, faults: Sequence[Fault], outcome: RoundResult, *, serving: bool) -> None:
+        """Once ready again: the nodes restarted since the round began (another pid), the
+        outage (fault to heal returned) and the time without a serving leader since the
+        fault. With ``serving``, first wait (bounded) until a leader serves: the fence's
+        holder may be first in the election and not serve yet (a node that kept its session
+        across an outage and queues again)."""
+        before, after = self._round_pids, self._node_pids
+        outcome.node_restarts = sum(after.get(name) != pid for name, pid in before.items())
+        started = faults[0].started_at
+        healed = [f.heal_returned_at for f in faults if f.heal_returned_at is not None]
+        outcome.outage_s = max(healed) - started if healed else None
+        if serving:
+            ready_s = self.timeline.now_s()
+            try:
+                wait_until(
+                    lambda: (True if self.timeline.serving_since(ready_s) else None, "none"),
+                    ready_timeout_s(self.target.session_timeout_ms),
+                    READY_POLL_INTERVAL_S,
+                    "a leader serving again",
+                )
+            except DrillError as exc:
+                outcome.error = f"not ready again: {exc}"
+        outcome.leaderless_s = self.timeline.leaderless_s(
+            self.timeline.at_s(started), self.timeline.now_s()
+        )
+
     def _heal(self, fault: Fault, outcome: RoundResult) -> None:
         if fault.heal is None or fault.healed_at is not None:
             return
@@ -410,6 +445,8 @@ class Drill(Waits):
         except (AllocatorError, OSError) as exc:
             outcome.error = outcome.error or f"{fault.scenario} not healed: {exc}"
             log.warning("heal_failed", scenario=fault.scenario, error=str(exc))
+        else:
+            fault.heal_returned_at = time.monotonic()
 
     def _heal_all(self, faults: Sequence[Fault], outcome: RoundResult) -> None:
         for fault in faults:

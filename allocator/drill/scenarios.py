@@ -19,6 +19,7 @@ from kazoo.handlers.threading import KazooTimeoutError
 from allocator.core import logs
 from allocator.drill.links import Links
 from allocator.drill.observe import DrillError, Leader, request_step_down
+from allocator.drill.results import RoundResult
 from allocator.local.cluster import LocalCluster
 from allocator.session import file as session_file
 from allocator.session import reaper
@@ -42,6 +43,9 @@ EXPIRE_CONNECT_TIMEOUT_S: Final = 5.0
 PG_RESTART_DOWN_S: Final = 1.0
 HANDOVER_TIMEOUT_FACTOR: Final = 3
 HANDOVER_TIMEOUT_MARGIN_S: Final = 10.0
+LEADERLESS_MARGIN_S: Final = 2.0
+"""How much longer than its outage a fault that nodes ride out may leave the cluster
+without a serving leader (reconnect, takeover, the timeline's 0.5 s samples)."""
 DEFAULT_DB_UNREACHABLE_S: Final = 15.0
 DEFAULT_CLOCK_SKEW_HANDOVER_S: Final = 10.0
 
@@ -110,6 +114,8 @@ class Fault:
     heal_at: float | None = None
     """When to heal (monotonic); None with ``heal``: once handed over or past the deadline."""
     healed_at: float | None = None
+    heal_returned_at: float | None = None
+    """When ``heal`` returned (a restarted server serves again then)."""
     away_from: Leader | None = None
     """The term the handover leaves (None: the leader the round started with)."""
 
@@ -157,6 +163,26 @@ class Scenario:
     inject: Inject
     extra_timeout_s: Callable[[Target], float] = lambda _target: 0.0
     """Added to the handover deadline (a fault whose detection has its own delay)."""
+    rides_out: bool = False
+    """Judged by its outage (a round of it alone): no node process may restart, and the
+    cluster may be without a serving leader at most the outage plus
+    :data:`LEADERLESS_MARGIN_S` (an outage that ends without restarts, docs/design.md §4)."""
+
+    def judge(self, outcome: RoundResult) -> str | None:
+        """Why a round of this scenario alone failed its own bounds; None if it did not."""
+        if not self.rides_out:
+            return None
+        if outcome.node_restarts:
+            return f"{outcome.node_restarts} node process(es) restarted; {self.name} must not"
+        if outcome.outage_s is None or outcome.leaderless_s is None:
+            return None
+        bound_s = outcome.outage_s + LEADERLESS_MARGIN_S
+        if outcome.leaderless_s > bound_s:
+            return (
+                f"no leader for {outcome.leaderless_s:.1f} s, over the outage "
+                f"({outcome.outage_s:.1f} s) plus {LEADERLESS_MARGIN_S:.0f} s"
+            )
+        return None
 
     def handover_timeout_s(self, target: Target) -> float:
         """How long a required handover may take on ``target``."""
@@ -383,7 +409,7 @@ SCENARIOS: Final[dict[str, Scenario]] = {
         Scenario("zk-partition-long", frozenset({LINKS}), True, _zk_cut("zk-partition-long", 2.0)),
         Scenario("pg-partition", frozenset({LINKS}), True, _pg_partition, _db_extra),
         Scenario("zk-server-kill", frozenset({ZK_SERVERS}), False, _zk_server_kill),
-        Scenario("zk-quorum-loss", frozenset({ZK_SERVERS}), False, _zk_quorum_loss),
+        Scenario("zk-quorum-loss", frozenset({ZK_SERVERS}), False, _zk_quorum_loss, rides_out=True),
         Scenario("pg-restart", frozenset({POSTGRES}), False, _pg_restart),
         Scenario("pg-failover", frozenset({POSTGRES, STANDBY}), False, _pg_failover),
         Scenario(

@@ -162,6 +162,11 @@ class Timeline:
 
     # -- figures ------------------------------------------------------------------------------
 
+    def serving_since(self, from_s: float) -> bool:
+        """True once a sample taken at or after ``from_s`` saw a node serving as leader."""
+        with self._lock:
+            return any(s.leader is not None for s in self.samples if s.t_s >= from_s)
+
     def leaderless_s(self, from_s: float = 0.0, to_s: float = float("inf")) -> float:
         """Time in [from_s, to_s] that ended with nobody serving as leader: the sum of the
         sample intervals that end with nobody serving (resolution: the sample interval)."""

@@ -6,6 +6,7 @@ The takeover itself and the fence's rules: docs/design.md §3; the blocked state
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kazoo.exceptions import KazooException
@@ -64,6 +65,9 @@ class Candidacy:
       otherwise stay first, blocked, until one queues or the probe reaches the database. A
       takeover that fails while the probe reaches the database (a lock or statement timeout
       behind a paused ex-leader's transaction) is tried again, staying first.
+    - A token is taken once: a znode whose token served a term that ended (the session was
+      kept across a loss, :meth:`allocator.node.session.ZooKeeperSession.recover`) is left
+      and the node joins again at the back, with a new znode and a new token.
     """
 
     def __init__(
@@ -79,8 +83,10 @@ class Candidacy:
         watermark: WatermarkKeeper,
         signals: Signals,
         pacing: Pacing,
+        spent: Callable[[], fence.Token | None] = lambda: None,
     ) -> None:
         self._name = name
+        self._spent = spent
         self._host = host
         self._pid = pid
         self._store = store
@@ -97,6 +103,12 @@ class Candidacy:
         token = self._token(election)
         if token is None:
             self._signals.pause(self._pacing.blocked_retry_s)
+            return None
+        if token == self._spent():
+            # A session kept across a loss keeps its znode, whose token served the term that
+            # loss ended: the fence holds it already, so only a new znode brings a new one.
+            log.info("election_rejoined", name=self._name, reason="token_served_a_term")
+            self.leave(election)
             return None
         if self._health.advert().db_ok is False:
             # The probe already failed: a takeover would only wait out the dead path.

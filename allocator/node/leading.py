@@ -80,6 +80,8 @@ class Leading:
         self._term_factory = term_factory
         self._check_clock = check_clock
         self.term: Term | None = None
+        self.last_token: fence.Token | None = None
+        """The token of the last term this node led (ended or not): never taken again."""
         self._fatal: AllocatorError | None = None
 
     # -- from other threads ---------------------------------------------------------------
@@ -131,6 +133,7 @@ class Leading:
         """
         term = self._term_factory(token, self._guard)
         self.term = term
+        self.last_token = token
         self._fatal = None
         self._signals.fenced.clear()
         term.activate()

@@ -1,7 +1,8 @@
 """An allocator node (``allocator run``): the collaborators composed, the run loop, the
 exit.
 
-Exit codes: 0 stopped on request; 3 ZooKeeper session lost; 4 fenced by a newer leader;
+Exit codes: 0 stopped on request; 3 ZooKeeper session lost (only with
+``node.on_session_loss = "exit"``; the default rejoins); 4 fenced by a newer leader;
 69/70/75/78 as for every command (missing prerequisite, bug, unavailable, bad
 configuration).
 """
@@ -128,6 +129,7 @@ class Node:
             watermark=self._watermark,
             signals=self._signals,
             pacing=self._pacing,
+            spent=lambda: self._leading.last_token,
         )
         self._session = ZooKeeperSession(
             config,
@@ -148,7 +150,7 @@ class Node:
             config.node.admin_token.get_secret_value(),
             self._metrics,
             snapshot=self.snapshot,
-            healthy=lambda: not self._guard.lost,
+            healthy=self._healthy,
             ready=lambda: ready(self._guard, self._health, self._pool_watch),
             step_down=self.request_step_down,
             cluster=self._cluster.to_json,
@@ -252,6 +254,12 @@ class Node:
             blocked=self._blockers.reason(),
         )
 
+    def _healthy(self) -> bool:
+        """``/healthz``: false only once the session is lost and the node will exit for it
+        (``node.on_session_loss = "exit"``); a node rejoining after a loss is alive and
+        working its way back, and a liveness probe must not kill it."""
+        return not self._guard.lost or self._config.node.on_session_loss == "rejoin"
+
     def _read_queue(self) -> Queue | None:
         """The whole election for the status page; None while there is no session to ask."""
         election = self._session.election
@@ -312,7 +320,7 @@ class Node:
                 if action == "exit":
                     return EXIT_SESSION_LOST
                 self._blockers.clear_all()  # judged again once first in the new session
-                self._session.rejoin()
+                self._session.recover()  # keeps the session or gets a new one, old one closed
                 continue
             try:
                 election.join()

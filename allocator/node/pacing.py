@@ -24,6 +24,10 @@ class Pacing:
     blocked_retry_s: float = fence.BLOCKED_RETRY_S
     """A blocked node tries the takeover again (an operator may have repaired the cause)."""
     zookeeper_error_backoff_s: float = 1.0
+    rejoin_attempt_s: float = 2.0
+    """After a session loss, one attempt to get a session back waits at most this long (and
+    ``zookeeper.connect_timeout_s``) before a fresh client tries again: a fresh client tries
+    at once, where one client's back-off grows to ``zookeeper.max_reconnect_delay_s``."""
     job_stop_timeout_s: float = 10.0
     """The longest a term's end waits for the leader's job in flight."""
     election_scan_s: float = 5.0

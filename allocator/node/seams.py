@@ -148,5 +148,9 @@ class LeaderJobsPort(Protocol):
         """End the current term's jobs; False if one in flight outlived ``timeout_s``."""
 
 
-ZooKeeperFactory = Callable[[], Any]
-"""Builds a new, unstarted kazoo ``KazooClient`` (or a fake with the same calls)."""
+class ZooKeeperFactory(Protocol):
+    """Builds a new, unstarted kazoo ``KazooClient`` (or a fake with the same calls); given
+    ``client_id`` (session id, password), one that continues that session when started, if
+    the servers still hold it (else kazoo gets a fresh one)."""
+
+    def __call__(self, client_id: tuple[int, bytes] | None = None) -> Any: ...

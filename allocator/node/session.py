@@ -1,9 +1,10 @@
-"""The node's ZooKeeper session: its client, the election built on it, a new one on loss
-(docs/design.md §4).
+"""The node's ZooKeeper session: its client, the election built on it, kept or replaced
+after a loss (docs/design.md §4).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -32,9 +33,9 @@ class ZooKeeperSession:
     """The node's ZooKeeper session and the election on it.
 
     - Session loss (kazoo LOST, or suspended for a whole session timeout by the guard's own
-      timer) is handled by the run loop: exit 3, or with ``node.on_session_loss = "rejoin"``
-      a new session from a *new* client of the factory (an old client remembers the last
-      zxid it saw, and an ensemble rebuilt from nothing refuses it).
+      timer) is handled by the run loop: with ``node.on_session_loss = "rejoin"`` (the
+      default) :meth:`recover` keeps the old session if ZooKeeper confirms it with our znode,
+      else gets a new one, the old one closed first; with ``"exit"`` the node exits 3.
     - ZooKeeper access (:mod:`allocator.zookeeper.client`): the cluster's persistent znodes
       get our ACL where they carry another (an older version's open ACL); a chroot that
       vanished (an ensemble wiped) is created again from a client without it.
@@ -67,6 +68,7 @@ class ZooKeeperSession:
         self._identity = identity
         self._pause_term = pause_term
         self.client: Any = factory()
+        self._credentials: tuple[int, bytes] | None = None
         self._warned_grant_ms: int | None = None
         self.election: Election | None = None
         self._metrics.session.state("connecting")
@@ -86,44 +88,152 @@ class ZooKeeperSession:
 
     def start(self) -> Election:
         """Start the current client, record its session, build the election on it."""
-        config = self._config
         self.client.add_listener(self._on_state)
-        try:
-            self.client.start(timeout=config.zookeeper.connect_timeout_s)
-        except KazooTimeoutError as exc:
-            raise ZooKeeperUnavailableError(
-                f"no ZooKeeper server answered at {config.zookeeper.hosts} "
-                f"within {config.zookeeper.connect_timeout_s} s"
-            ) from exc
-        self._recorder.record(self.credentials())
-        self._granted()
-        self.election = Election(
-            self.client,
-            config.zookeeper.election_path,
-            self._identity(),
-            acl=zkclient.acl(config),
-        )
+        self._start(self.client)
+        self._began(self.client)
+        self.election = self._election(self.client)
         return self.election
 
-    def rejoin(self) -> None:
-        """A new session from a new client (the old one may be refused by a rebuilt
-        ensemble); returns once it is connected, lost again, or the node stops."""
-        log.info("rejoin", name=self._name)
-        self._close_client(self.client)
-        self._guard.reset()
+    def recover(self) -> bool:
+        """After a session loss (kazoo LOST, or the own timer): a session again, or the node
+        stops. True if the old session was kept, False for a new one.
+
+        - The old session is kept only if ZooKeeper confirms it (a client attached with its
+          id and password is connected with that same id) *and* our election znode still
+          exists with ``ephemeralOwner`` = that id; the election then continues on it (the
+          run loop takes the fence again before any write, :mod:`allocator.node.candidacy`).
+        - Otherwise the node gets a new session, and never while the old one lives on: a
+          session that ZooKeeper confirms without our znode is closed first (its ephemerals
+          go at once), one it no longer knows is gone already (kazoo then opens a fresh one
+          on the same client). So no stale znode of ours holds the queue for a timeout.
+        - Every attempt is a *new* client (an old one remembers a last zxid that an ensemble
+          rebuilt from nothing refuses), tried until ZooKeeper answers or the node stops.
+        """
+        old = self._session_id
+        znode = self.election.znode if self.election is not None else None
+        client = self.client
+        client.remove_listener(self._on_state)
         self._signals.interrupt.clear()
-        self.client = self._factory()
+        resume = self._credentials
+        if not (client.connected and self._session_of(client) == old):
+            self._stop(client)  # cut off: nothing reaches the servers, the session stays
+            client = None
         while not self._signals.stop.is_set():
-            try:
-                self.start()
-                break
-            except ZooKeeperUnavailableError as exc:
-                log.warning("rejoin_failed", name=self._name, error=str(exc))
-                self.client.remove_listener(self._on_state)
-                self.client.stop()
-                self.client.close()
-                self.client = self._factory()
-        self.wait()
+            if client is None:
+                client = self._factory(client_id=resume)
+                attempt_ends = time.monotonic() + self._pacing.rejoin_attempt_s
+                try:
+                    self._start(client, self._pacing.rejoin_attempt_s)
+                except ZooKeeperUnavailableError as exc:
+                    log.warning("rejoin_failed", name=self._name, error=str(exc))
+                    self._stop(client)
+                    client = None
+                    self._signals.stop.wait(max(0.0, attempt_ends - time.monotonic()))
+                    continue
+            session = self._session_of(client)
+            owned = None if session is None else self._owns(client, znode, session)
+            if owned is None:  # the connection dropped again: try again, same credentials
+                self._stop(client)
+                client = None
+                continue
+            if session == old and owned:
+                self._adopt(client, znode, kept=True)
+                return True
+            if session == old:
+                log.info("session_closed_for_rejoin", name=self._name, session_id=f"{session:#x}")
+                self._stop(client)  # connected: closeSession, its ephemerals go at once
+                client, resume = None, None
+                continue
+            self._adopt(client, None, kept=False)
+            return False
+        if client is not None:
+            self.client = client  # close() at the end of the run stops it
+        return False
+
+    def _adopt(self, client: Any, znode: str | None, *, kept: bool) -> None:
+        """Make ``client`` the node's: its listener, the guard reset to what it reports, the
+        session recorded; the election on it (continuing ``znode``, when kept)."""
+        self.client = client
+        self._guard.reset()
+        client.add_listener(self._on_state)
+        if client.connected:
+            self._guard(KazooState.CONNECTED)
+        self._metrics.session.state(self.state())
+        self._began(client)
+        election = self._election(client)
+        if znode is not None:
+            election.continue_at(znode)
+        self.election = election
+        session = self._session_of(client)
+        log.info(
+            "session_rejoined",
+            name=self._name,
+            kept=kept,
+            session_id=f"{session:#x}" if session is not None else None,
+            znode=znode,
+        )
+
+    def _owns(self, client: Any, znode: str | None, session: int) -> bool | None:
+        """True if ``znode`` exists and belongs to ``session`` (asked through ``client``);
+        None when ZooKeeper did not answer."""
+        if znode is None:
+            return False
+        timeout_s = self._config.zookeeper.connect_timeout_s
+        try:
+            stat = client.exists_async(znode).get(timeout=timeout_s)
+        except (KazooException, KazooTimeoutError) as exc:
+            log.warning("zookeeper_error", name=self._name, error=repr(exc))
+            return None
+        return stat is not None and stat.ephemeralOwner == session
+
+    def _start(self, client: Any, within_s: float | None = None) -> None:
+        """Start ``client`` within the connect timeout, or ``within_s`` if shorter
+        (ZooKeeperUnavailableError if not)."""
+        config = self._config
+        timeout_s = config.zookeeper.connect_timeout_s
+        if within_s is not None:
+            timeout_s = min(timeout_s, within_s)
+        try:
+            client.start(timeout=timeout_s)
+        except KazooTimeoutError as exc:
+            raise ZooKeeperUnavailableError(
+                f"no ZooKeeper server answered at {config.zookeeper.hosts} within {timeout_s} s"
+            ) from exc
+
+    def _began(self, client: Any) -> None:
+        """A session is ours: remember its credentials, record it, read its grant."""
+        credentials: tuple[int, bytes] | None = client.client_id
+        if credentials is not None:
+            self._credentials = credentials
+        self._recorder.record(credentials)
+        self._granted()
+
+    def _election(self, client: Any) -> Election:
+        return Election(
+            client,
+            self._config.zookeeper.election_path,
+            self._identity(),
+            acl=zkclient.acl(self._config),
+        )
+
+    @property
+    def _session_id(self) -> int | None:
+        """The id of the last session the node had (kept across a loss, for :meth:`recover`)."""
+        return None if self._credentials is None else self._credentials[0]
+
+    @staticmethod
+    def _session_of(client: Any) -> int | None:
+        client_id = client.client_id
+        return None if client_id is None else int(client_id[0])
+
+    def _stop(self, client: Any) -> None:
+        """Stop and free ``client``: a connected one closes its session (its ephemerals go at
+        once); a cut-off one reaches nobody, and its session lives on in ZooKeeper."""
+        try:
+            client.stop()
+            client.close()
+        except KazooException as exc:
+            log.warning("zookeeper_close_failed", error=repr(exc))
 
     def close(self) -> None:
         """At the end of the run: close the session (its znodes go), then its file."""
@@ -134,16 +244,6 @@ class ZooKeeperSession:
             log.warning("zookeeper_close_failed", error=repr(exc))
         else:
             self._recorder.forget()  # closed: the file would name a dead session
-
-    def _close_client(self, client: Any) -> None:
-        client.remove_listener(self._on_state)
-        try:
-            client.stop()
-            client.close()
-        except KazooException as exc:
-            log.warning("zookeeper_close_failed", error=repr(exc))
-        else:
-            self._recorder.forget()  # until the new session is recorded
 
     def wait(self) -> None:
         """Until the session is connected again, or lost, or the node stops."""

@@ -260,6 +260,14 @@ class Election:
         """Our node's full path, or None before :meth:`join`."""
         return self._znode
 
+    def continue_at(self, znode: str) -> None:
+        """Take ``znode`` as ours: the node kept the session that owns it, on a new client
+        (its ownership was checked by the caller and is checked again by :meth:`join`)."""
+        self._znode = znode
+        named = NAME_PATTERN.fullmatch(znode.rsplit("/", 1)[1])
+        if named is not None:  # a retried create looks for this tag (:meth:`join`)
+            self._tag = named["tag"]
+
     def join(self) -> str:
         """Create our contender node (idempotent while it exists); returns its path.
 

@@ -43,6 +43,7 @@ DRAIN_CALLS = 10
 UNSAFE_ENV = {
     "ALLOCATOR_POOL_MIN_BLOCKS": "3000",
     "ALLOCATOR_POOL_MAX_BLOCKS": "3000",
+    "ALLOCATOR_NODE_ON_SESSION_LOSS": "exit",  # its end is the proof's clock: exit 3
 }
 
 

@@ -29,6 +29,10 @@ CLAIMS_BEFORE_FAULT = 20
 CLAIMS_AFTER_RECOVERY = 20
 
 
+EXIT_ON_LOSS = {"ALLOCATOR_NODE_ON_SESSION_LOSS": "exit"}
+"""These tests prove the exit path (the supervisor restarts the node); rejoin is the default."""
+
+
 def _session_ended(admin_url: str, before: dict[str, Any]) -> bool:
     """The node behind ``admin_url`` no longer runs the session it reported in ``before``:
     it is gone (exit 3 or restarting) or reports another session."""
@@ -80,7 +84,7 @@ def test_sigstop_of_the_leader_past_the_session_timeout_fences_it_out() -> None:
     (exit 3); either way it exits and the supervisor restarts it; no block of the old epoch
     is cut after its term ended (I3 in the checker; also checked directly). Cost: ~6 s.
     """
-    with ChaosCluster(zk=1, nodes=3) as chaos:
+    with ChaosCluster(zk=1, nodes=3, node_env=EXIT_ON_LOSS) as chaos:
         old = chaos.wait_leader()
         chaos.wait_pool(300)
         consumers = chaos_consumers(chaos.info().consumer_database_url).start()
@@ -127,7 +131,7 @@ def test_forced_session_expiry_of_the_leader_makes_it_stop_itself() -> None:
     the successor's fence first) and is restarted;
     another node takes over with a newer epoch and cuts; no violation. Cost: ~4 s.
     """
-    with ChaosCluster(zk=1, nodes=3) as chaos:
+    with ChaosCluster(zk=1, nodes=3, node_env=EXIT_ON_LOSS) as chaos:
         old = chaos.wait_leader()
         chaos.wait_pool(300)
         info = chaos.info()

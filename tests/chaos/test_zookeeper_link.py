@@ -18,9 +18,11 @@ import time
 from datetime import timedelta
 
 import pytest
+from kazoo.recipe.watchers import ChildrenWatch
 
 from allocator.drill.proxy import Proxy
 from allocator.node import EXIT_FENCED, EXIT_SESSION_LOST
+from allocator.zookeeper import client as zkclient
 from tests.chaos.harness import (
     ChaosCluster,
     ExtraNode,
@@ -38,6 +40,11 @@ SESSION_TIMEOUT_MS = 3000
 SHORT_CUT_S = SESSION_TIMEOUT_MS / 1000 / 4
 NOTICE_S = 0.2
 CLAIMS = 20
+ELECTION = "/election"
+
+
+EXIT_ON_LOSS = {"ALLOCATOR_NODE_ON_SESSION_LOSS": "exit"}
+"""These tests prove the exit path (the supervisor restarts the node); rejoin is the default."""
 
 
 def proxied_hosts(chaos: ChaosCluster, proxy: Proxy) -> str:
@@ -106,7 +113,9 @@ def test_zookeeper_link_cut_longer_than_the_session_hands_over() -> None:
     """
     with ChaosCluster(zk=1, nodes=0, session_timeout_ms=SESSION_TIMEOUT_MS) as chaos:
         with Proxy(chaos.info().zk_servers[0].client_port) as proxy:
-            node = chaos.start_extra_node("proxied", zk_hosts=proxied_hosts(chaos, proxy))
+            node = chaos.start_extra_node(
+                "proxied", EXIT_ON_LOSS, zk_hosts=proxied_hosts(chaos, proxy)
+            )
             old = chaos.wait_leader()
             assert old.name == "proxied"
             rival = chaos.up(nodes=1).nodes[0]
@@ -131,6 +140,64 @@ def test_zookeeper_link_cut_longer_than_the_session_hands_over() -> None:
         assert late == 0
 
 
+def test_a_leader_cut_off_past_the_session_rejoins_without_a_stale_znode() -> None:
+    """Breaks: the leader's connection to ZooKeeper, past its session timeout (rejoin, the
+    default), then the link comes back.
+
+    Must hold: the leader's term ends by its own timer while cut off, the process does not
+    exit; the rival takes over with a newer epoch; once the link heals the node gets a new
+    session (the servers expired the old one), and the election never holds its old znode
+    and its new one at once (watched from outside: the stale znode is gone before the new
+    one is created, no session timeout of waiting); it queues behind the rival; the old
+    epoch cuts nothing after the cut; no violation. Cost: ~8 s.
+    """
+    with ChaosCluster(zk=1, nodes=0, session_timeout_ms=SESSION_TIMEOUT_MS) as chaos:
+        info = chaos.info()
+        watcher = zkclient.client_for(info.node_zk_hosts, info.zk_auth, timeout_s=10.0)
+        watcher.start(timeout=10.0)
+        with Proxy(info.zk_servers[0].client_port) as proxy:
+            node = chaos.start_extra_node("proxied", zk_hosts=proxied_hosts(chaos, proxy))
+            old = chaos.wait_leader()
+            assert old.name == "proxied"
+            old_status = status(node)
+            rival = chaos.up(nodes=1).nodes[0]
+            chaos.wait_role(rival.admin_url, "follower", "the rival to queue")
+            seen: list[set[str]] = []
+            ChildrenWatch(watcher, ELECTION, lambda children: seen.append(set(children)))
+            consumers = chaos_consumers(info.consumer_database_url).start()
+            try:
+                wait_for(lambda: consumers.count() >= CLAIMS, "claims before the cut")
+                proxy.cut()
+                cut_at = now_utc()
+                new = chaos.wait_leader(newer_than=old.epoch)
+                assert new.name == rival.name
+                wait_for(lambda: status(node)["role"] == "follower", "the term to end, cut off")
+                assert proxy.is_cut
+                proxy.restore()
+                rejoined = wait_for(
+                    lambda: (
+                        (s := status(node))["session_id"] not in (None, old_status["session_id"])
+                        and s["znode"]
+                        and s
+                    ),
+                    "the node back with a new session and znode",
+                )
+                assert node.exit_code is None
+                chaos.wait_cutting(new.epoch, after=cut_at)
+                chaos.assert_clean(consumers)
+            finally:
+                consumers.stop()
+                watcher.stop()
+                watcher.close()
+        old_name = str(old_status["znode"]).rsplit("/", 1)[1]
+        new_name = str(rejoined["znode"]).rsplit("/", 1)[1]
+        assert any(new_name in children for children in seen)
+        assert not any({old_name, new_name} <= children for children in seen)
+        assert log_events(node.log_path, "session_rejoined")
+        late = chaos.blocks_cut(epoch=old.epoch, after=cut_at + timedelta(seconds=NOTICE_S))
+        assert late == 0
+
+
 def test_leader_paused_behind_a_silent_partition_is_fenced_by_postgres() -> None:
     """Breaks: the leader freezes (SIGSTOP) past its session timeout and, meanwhile, its
     ZooKeeper link goes silent (a frozen proxy: no data, no reset). When it runs on
@@ -143,7 +210,9 @@ def test_leader_paused_behind_a_silent_partition_is_fenced_by_postgres() -> None
     """
     with ChaosCluster(zk=1, nodes=0, session_timeout_ms=SESSION_TIMEOUT_MS) as chaos:
         with Proxy(chaos.info().zk_servers[0].client_port) as proxy:
-            node = chaos.start_extra_node("proxied", zk_hosts=proxied_hosts(chaos, proxy))
+            node = chaos.start_extra_node(
+                "proxied", EXIT_ON_LOSS, zk_hosts=proxied_hosts(chaos, proxy)
+            )
             old = chaos.wait_leader()
             assert old.name == "proxied"
             rival = chaos.up(nodes=1).nodes[0]
@@ -181,7 +250,9 @@ def test_a_follower_cut_off_longer_than_the_session_stops_itself() -> None:
     with ChaosCluster(zk=1, nodes=1, session_timeout_ms=SESSION_TIMEOUT_MS) as chaos:
         chaos.wait_leader()
         with Proxy(chaos.info().zk_servers[0].client_port) as proxy:
-            node = chaos.start_extra_node("proxied", zk_hosts=proxied_hosts(chaos, proxy))
+            node = chaos.start_extra_node(
+                "proxied", EXIT_ON_LOSS, zk_hosts=proxied_hosts(chaos, proxy)
+            )
             chaos.wait_role(node.admin_url, "follower", "the proxied node to queue")
             proxy.cut()
             try:

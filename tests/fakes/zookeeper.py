@@ -31,8 +31,12 @@ Rules of the fake (ZooKeeper's and kazoo's, where the node depends on them):
   fire once with ``EventType.NONE`` and are dropped, as kazoo does.
 - Async calls run at once; the returned object's ``get(timeout)`` returns the result or raises
   what kazoo would raise (``NoNodeError``, ``NodeExistsError``, ...).
-- Client states, as kazoo reports them to listeners: ``start`` opens a session (CONNECTED);
-  ``stop`` closes it (ephemerals deleted) and reports LOST; ``close`` comes after ``stop``.
+- Client states, as kazoo reports them to listeners: ``start`` opens a session (CONNECTED),
+  or, built with ``client_id`` of a session the ensemble still holds, continues that one;
+  ``stop`` closes it (ephemerals deleted; not from a suspended client, which reaches no
+  server) and reports LOST; ``close`` comes after ``stop``.
+  :meth:`FakeEnsemble.partition` cuts every client off (SUSPENDED, sessions alive, ``start``
+  times out) until :meth:`FakeEnsemble.heal`, when they reconnect with their sessions.
   :meth:`FakeEnsemble.expire` ends a session on the server (ephemerals deleted at once) and
   its client reports SUSPENDED, then LOST, then (kazoo reconnects by itself) CONNECTED with a
   new session.
@@ -161,6 +165,11 @@ class FakeEnsemble:
         self.granted_timeout_ms: int | None = None
         """The session timeout the servers grant every new session (what a server's
         min/maxSessionTimeout made of the request); None: not modelled, nothing granted."""
+        self.reachable = True
+        """False between :meth:`partition` and :meth:`heal`: no client gets through."""
+        self.session_events: list[tuple[Literal["open", "resume", "close"], int]] = []
+        """Every session opened, continued by another client, or ended (closed or
+        expired) on the server, in order."""
         self._clear(epoch)
 
     def _clear(self, epoch: int) -> None:
@@ -185,6 +194,31 @@ class FakeEnsemble:
         client._disconnected()
         self._fire(self._close_session(session_id))
         client._expired(reconnect=reconnect)
+
+    def partition(self) -> None:
+        """Cut every client off (a quorum loss, a network partition): connected clients
+        report SUSPENDED, sessions live on in the servers, and no client connects until
+        :meth:`heal`."""
+        with self._lock:
+            self.reachable = False
+            clients = list(self._sessions.values())
+        for client in clients:
+            client._disconnected()
+
+    def heal(self, *, reconnect: bool = True) -> None:
+        """The servers are reachable again; with ``reconnect`` every suspended client of a
+        session still alive reconnects with it (CONNECTED), as kazoo does."""
+        with self._lock:
+            self.reachable = True
+            clients = list(self._sessions.values())
+        if reconnect:
+            for client in clients:
+                client._reconnected()
+
+    def expire_cut_off(self, session_id: int) -> None:
+        """The servers expire a session whose client is cut off: its ephemerals vanish,
+        the client learns nothing until it reaches a server again."""
+        self._fire(self._close_session(session_id))
 
     def wipe(self) -> None:
         """Lose every znode and session, as an ensemble rebuilt from nothing; zxids start
@@ -212,6 +246,18 @@ class FakeEnsemble:
             else:
                 firings += self._create_locked(path, data, owner=0)
         self._fire(firings)
+
+    def delete(self, path: str) -> None:
+        """Delete a znode as another client would (an operator), whoever owns it."""
+        with self._lock:
+            firings = self._delete_locked(path, -1)
+        self._fire(firings)
+
+    @property
+    def closed_sessions(self) -> list[int]:
+        """Every session ended on the server (closed or expired), in order."""
+        with self._lock:
+            return [session for event, session in self.session_events if event == "close"]
 
     # -- what a test reads ----------------------------------------------------------------
 
@@ -243,10 +289,19 @@ class FakeEnsemble:
 
     # -- what a client asks (each checks the session under the lock) ------------------------
 
-    def _open_session(self, client: FakeKazooClient) -> int:
+    def _open_session(self, client: FakeKazooClient, resume: int | None = None) -> int:
+        """A new session for ``client``; or, with ``resume`` naming a live one, that session
+        (now ``client``'s: its ephemerals stay)."""
         with self._lock:
+            if not self.reachable:
+                raise KazooTimeoutError("fake: no server answered")
+            if resume is not None and resume in self._sessions:
+                self._sessions[resume] = client
+                self.session_events.append(("resume", resume))
+                return resume
             session_id = next(self._session_ids)
             self._sessions[session_id] = client
+            self.session_events.append(("open", session_id))
             return session_id
 
     def _close_session(self, session_id: int) -> list[_Firing]:
@@ -254,6 +309,7 @@ class FakeEnsemble:
         with self._lock:
             if self._sessions.pop(session_id, None) is None:
                 return []
+            self.session_events.append(("close", session_id))
             owned = [path for path, node in self._nodes.items() if node.owner == session_id]
             if not owned:
                 return []
@@ -484,9 +540,17 @@ class FakeKazooClient:
     """One kazoo client of a :class:`FakeEnsemble` (see the module rules)."""
 
     def __init__(
-        self, ensemble: FakeEnsemble, *, auth: str = "", default_acl: list[ACL] | None = None
+        self,
+        ensemble: FakeEnsemble,
+        *,
+        auth: str = "",
+        default_acl: list[ACL] | None = None,
+        client_id: tuple[int, bytes] | None = None,
     ) -> None:
         self._ensemble = ensemble
+        self._resume = None if client_id is None else client_id[0]
+        """The session ``start`` continues if the servers still hold it (kazoo's
+        ``client_id``)."""
         self._who: frozenset[Identity] = frozenset(
             {("world", "anyone")}
             | ({("digest", make_digest_acl_credential(*auth.split(":", 1)))} if auth else set())
@@ -514,12 +578,14 @@ class FakeKazooClient:
             self._connect()
 
     def stop(self) -> None:
+        """Close the session (connected: its ephemerals go) and report LOST; a suspended
+        client reaches no server, so its session lives on there."""
         with self._lock:
             if self._state in ("new", "closed"):
                 return
             session_id, self._session_id = self._session_id, None
             before, self._state = self._state, "closed"
-        if session_id is not None:
+        if session_id is not None and before == "connected":
             self._ensemble._fire(self._ensemble._close_session(session_id))
         self._reset_watches()
         if before != "expired":
@@ -562,7 +628,8 @@ class FakeKazooClient:
 
     def _connect(self) -> None:
         with self._lock:
-            self._session_id = self._ensemble._open_session(self)
+            self._session_id = self._ensemble._open_session(self, self._resume)
+            self._resume = None
             self.sessions.append(self._session_id)
             self.granted_timeout_ms = self._ensemble.granted_timeout_ms  # as tracked kazoo
             self._state = "connected"
@@ -576,6 +643,18 @@ class FakeKazooClient:
             self._state = "suspended"
             self._report(KazooState.SUSPENDED)
         self._reset_watches()
+
+    def _reconnected(self) -> None:
+        """The servers are reachable again: CONNECTED with the same session if it lives,
+        else LOST and (kazoo) a new session."""
+        with self._lock:
+            if self._state != "suspended":
+                return
+            if self._session_id in self._ensemble.live_sessions():
+                self._state = "connected"
+                self._report(KazooState.CONNECTED)
+                return
+        self._expired(reconnect=True)
 
     def _expired(self, *, reconnect: bool) -> None:
         """The server said the session expired: LOST, then (kazoo) a new session."""
@@ -714,8 +793,10 @@ class ClientFactory:
         self._default_acl = default_acl
         self.built: list[FakeKazooClient] = []
 
-    def __call__(self) -> FakeKazooClient:
-        client = FakeKazooClient(self._ensemble, auth=self._auth, default_acl=self._default_acl)
+    def __call__(self, client_id: tuple[int, bytes] | None = None) -> FakeKazooClient:
+        client = FakeKazooClient(
+            self._ensemble, auth=self._auth, default_acl=self._default_acl, client_id=client_id
+        )
         self.built.append(client)
         return client
 

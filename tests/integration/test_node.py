@@ -101,7 +101,7 @@ def test_one_leader_fills_the_pool_and_hands_over_on_shutdown(
 def test_leader_whose_session_expires_stops_itself(
     make_node: Callable[..., RunningNode], db_url: str, zk_hosts: str
 ) -> None:
-    leader = make_node("a")
+    leader = make_node("a", **{"node.on_session_loss": "exit"})
     wait_for(lambda: fence(db_url)[1] == "a", "a to lead")
     follower = make_node("b")
     wait_for(lambda: follower.node.snapshot()["role"] == "follower", "b to queue")
@@ -115,7 +115,7 @@ def test_leader_whose_session_expires_stops_itself(
 def test_rejoin_mode_reenters_the_election_with_a_new_session(
     make_node: Callable[..., RunningNode], db_url: str, zk_hosts: str
 ) -> None:
-    node = make_node("a", **{"node.on_session_loss": "rejoin"})
+    node = make_node("a")  # rejoin: the default
     wait_for(lambda: fence(db_url)[1] == "a", "a to lead")
     first_epoch = fence(db_url)[0]
     expire_session(zk_hosts, node.node)
@@ -500,7 +500,9 @@ def test_every_new_session_is_recorded_and_a_lost_one_is_removed(
     assert (second.session_id, second.session_password) == rejoining.node.session_credentials()
     assert rejoining.stop() == EXIT_OK
 
-    leaving = make_node("b", **{"node.state_dir": str(tmp_path / "b")})
+    leaving = make_node(
+        "b", **{"node.on_session_loss": "exit", "node.state_dir": str(tmp_path / "b")}
+    )
     wait_for(lambda: fence(db_url)[1] == "b", "b to lead")
     assert session_file.read(tmp_path / "b") is not None
     expire_session(zk_hosts, leaving.node)

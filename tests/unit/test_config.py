@@ -66,7 +66,7 @@ GOOD: dict[str, tuple[str, object]] = {
     "node.admin_token": ("tok-0123456789abcdefXYZ_-+/=", "tok-0123456789abcdefXYZ_-+/="),
     "node.admin_max_threads": ("2", 2),
     "node.admin_timeout_s": ("0.5", 0.5),
-    "node.on_session_loss": ("rejoin", "rejoin"),
+    "node.on_session_loss": ("exit", "exit"),
     "node.log_format": ("json", "json"),
     "node.shutdown_timeout_s": ("3", 3.0),
     "node.state_dir": ("/var/lib/allocator/node-1", "/var/lib/allocator/node-1"),
@@ -248,7 +248,7 @@ def test_defaults() -> None:
     assert config.postgres.url.get_secret_value() == config_mod.DEFAULT_POSTGRES_URL
     assert (config.postgres.pool_min_size, config.postgres.pool_max_size) == (1, 4)
     assert config.node.admin_address == "127.0.0.1:8470"
-    assert (config.node.on_session_loss, config.node.log_format) == ("exit", "text")
+    assert (config.node.on_session_loss, config.node.log_format) == ("rejoin", "text")
     assert (config.pool.min_blocks, config.pool.max_blocks, config.pool.low_watermark_blocks) == (
         6_144,
         1_000_000,

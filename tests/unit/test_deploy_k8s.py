@@ -365,6 +365,17 @@ def test_probes_scraping_and_budget_reach_the_nodes(
     assert budget["spec"]["maxUnavailable"] == 1
 
 
+def test_a_zookeeper_outage_restarts_no_pod(
+    rendered: list[dict[str, Any]], pod_config: Config
+) -> None:
+    """Issue 24: the node rides a session loss out in-process, so the liveness probe's
+    /healthz stays 200 meanwhile (docs/admin-http.md); restartPolicy brings back only a
+    node that exits (fenced, broken)."""
+    assert pod_config.node.on_session_loss == "rejoin"
+    pod = one(rendered, "StatefulSet")["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Always"
+
+
 def test_images_are_this_version() -> None:
     for name in ["statefulset.yaml", "migrate-job.example.yaml"]:
         workload = yaml.safe_load((K8S / name).read_text())

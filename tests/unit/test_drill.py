@@ -183,3 +183,20 @@ def test_a_soak_draws_only_faults_the_node_processes_survive() -> None:
     drawn = {name for faults in plan for name in faults}
     assert drawn == set(schedule.SURVIVABLE)
     assert any(len(faults) == 2 for faults in plan)  # step-down with a server fault
+
+
+def test_a_quorum_loss_round_fails_on_a_restart_or_a_leaderless_time_past_its_outage() -> None:
+    """Issue 24: the nodes ride a quorum outage out; the scenario's own bounds."""
+    quorum_loss, kill = SCENARIOS["zk-quorum-loss"], SCENARIOS["kill"]
+
+    def round_with(restarts: int, outage_s: float, leaderless_s: float) -> RoundResult:
+        return RoundResult(1, node_restarts=restarts, outage_s=outage_s, leaderless_s=leaderless_s)
+
+    assert quorum_loss.judge(round_with(0, 8.5, 10.4)) is None
+    assert "restarted" in (quorum_loss.judge(round_with(1, 8.5, 8.0)) or "")
+    assert "plus 2 s" in (quorum_loss.judge(round_with(0, 8.5, 10.6)) or "")
+    assert kill.judge(round_with(1, 8.5, 30.0)) is None  # a kill restarts its node: fine
+    result = ScenarioResult("zk-quorum-loss", 4000, 3, 3, rounds=[round_with(2, 8.5, 9.0)] * 2)
+    assert result.to_json()["node_restarts"] == 4
+    assert result.to_json()["round_results"][0]["leaderless_s"] == 9.0
+    assert output.render_table([result])[0].split().count("restarts") == 1

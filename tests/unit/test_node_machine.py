@@ -20,6 +20,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ FAST_PACING = Pacing(
     stale_takeover_backoff_s=0.02,
     blocked_retry_s=0.02,
     election_scan_s=0.02,
+    zookeeper_error_backoff_s=0.02,
+    rejoin_attempt_s=0.02,
 )
 
 
@@ -603,8 +606,11 @@ def test_a_database_below_zookeepers_watermark_is_reported_and_not_taken_over(
 # -- session loss ----------------------------------------------------------------------------
 
 
+EXIT_ON_LOSS = {"node.on_session_loss": "exit"}
+
+
 def test_session_expiry_of_the_leader_exits_with_code_3(cluster: Cluster) -> None:
-    a = cluster.node("a")
+    a = cluster.node("a", EXIT_ON_LOSS)
     term = wait_for("a leads", a.leading)
     znode = a.znode()
     assert znode is not None
@@ -630,7 +636,7 @@ def test_session_expiry_of_a_follower_exits_with_code_3_and_the_leader_stays(
 ) -> None:
     a = cluster.node("a")
     term = wait_for("a leads", a.leading)
-    b = cluster.node("b")
+    b = cluster.node("b", EXIT_ON_LOSS)
     wait_for("b queues", lambda: b.node.role == "follower" and b.znode())
     session = b.clients.latest.client_id
     assert session is not None
@@ -647,7 +653,7 @@ def test_session_expiry_of_a_follower_exits_with_code_3_and_the_leader_stays(
 
 
 def test_session_expiry_with_rejoin_builds_a_new_client_and_joins_again(cluster: Cluster) -> None:
-    a = cluster.node("a", {"node.on_session_loss": "rejoin"})
+    a = cluster.node("a")  # rejoin: the default
     first = wait_for("a leads", a.leading)
     first_client = a.clients.latest
     first_znode = a.znode()
@@ -674,6 +680,143 @@ def test_session_expiry_with_rejoin_builds_a_new_client_and_joins_again(cluster:
     assert second.token > first.token
     history = cluster.database.history()
     assert [t.ended_at is not None for t in history] == [True, False]
+
+
+def session_of(member: Member) -> int | None:
+    """The node's live session (``/status``), None while it has none."""
+    session_id: str | None = member.node.snapshot()["session_id"]
+    return None if session_id is None else int(session_id, 16)
+
+
+def wait_loss_handled(member: Member, clients_before: int) -> None:
+    """Until ``member`` declared its session lost and tried a client of its own to get back."""
+    wait_for(
+        f"{member.name} handles the loss",
+        lambda: len(member.clients.built) > clients_before,
+    )
+
+
+def test_an_outage_past_the_timeout_keeps_the_sessions_and_the_fence_is_taken_anew(
+    cluster: Cluster,
+) -> None:
+    """Every server out of reach past the session timeout (a quorum loss), then back with
+    the sessions alive: the leader's term ends as on any loss, nobody restarts or opens a
+    new session, the queue keeps its order, and the next term comes from a takeover with a
+    new token, never the old one resumed."""
+    a = cluster.node("a")
+    old = wait_for("a leads", a.leading)
+    b = cluster.node("b")
+    wait_for("b queues", lambda: b.node.role == "follower" and b.znode())
+    sessions = {m.name: session_of(m) for m in (a, b)}
+    b_znode = b.znode()
+
+    cluster.ensemble.partition()
+
+    wait_loss_handled(a, 1)
+    wait_loss_handled(b, 1)
+    assert old.ended
+    assert old.end_reason == "session_lost"
+    assert not old.may_write()
+    assert a.jobs.stops == 1
+    assert a.leading() is None
+    assert cluster.database.history()[-1].ended_at is None  # no write, end_term included
+    assert a.node.snapshot()["session"] == "lost"
+    healthz = a.node.snapshot()["admin_url"] + "/healthz"
+    with urllib.request.urlopen(healthz, timeout=WAIT_S) as answer:  # noqa: S310 (http://)
+        assert answer.status == 200  # alive, rejoining: a liveness probe must not kill it
+
+    cluster.ensemble.heal()
+
+    new = wait_for("b leads", b.leading)
+    assert {m.name: session_of(m) for m in (a, b)} == sessions  # both sessions kept
+    assert [event for event, _ in cluster.ensemble.session_events].count("open") == 2
+    assert cluster.ensemble.closed_sessions == []
+    assert b.znode() == b_znode
+    assert new.token > old.token
+    assert a.jobs.terms == [old]  # a took nothing again with its spent token
+    a_znode = wait_for("a queues again", lambda: a.node.role == "follower" and a.znode())
+    assert sequence(a_znode) > sequence(b_znode)  # at the back, behind b
+    assert cluster.ensemble.stat(a_znode).ephemeralOwner == sessions["a"]
+    assert [t.holder for t in cluster.database.history()] == ["a", "b"]
+    assert a.exit_code is None
+    assert b.exit_code is None
+
+
+def test_a_lone_leader_back_from_an_outage_takes_the_fence_again_before_writing(
+    cluster: Cluster,
+) -> None:
+    a = cluster.node("a")
+    old = wait_for("a leads", a.leading)
+    session = session_of(a)
+
+    cluster.ensemble.partition()
+    wait_loss_handled(a, 1)
+    cluster.ensemble.heal()
+
+    new = wait_for("a leads again", lambda: (t := a.leading()) is not old and t)
+    assert session_of(a) == session
+    assert new.token > old.token  # a new znode's czxid: a takeover, not a resume
+    assert a.jobs.terms == [old, new]
+    assert a.store.outcomes().count("stale") == 0  # it never offered the spent token
+    a.jobs.report_write()
+    assert [t.holder for t in cluster.database.history()] == ["a", "a"]
+
+
+def test_a_session_confirmed_without_its_znode_is_closed_before_a_new_one_opens(
+    cluster: Cluster,
+) -> None:
+    a = cluster.node("a")
+    old = wait_for("a leads", a.leading)
+    session = session_of(a)
+    assert session is not None
+    znode = a.znode()
+    assert znode is not None
+
+    cluster.ensemble.partition()
+    wait_loss_handled(a, 1)
+    cluster.ensemble.delete(znode)  # gone while the session lives on
+    cluster.ensemble.heal()
+
+    new = wait_for("a leads again", lambda: (t := a.leading()) is not old and t)
+    events = cluster.ensemble.session_events
+    resumed = events.index(("resume", session))
+    closed = events.index(("close", session))
+    fresh = session_of(a)
+    assert fresh is not None
+    assert resumed < closed < events.index(("open", fresh))  # closed first, then the new one
+    assert new.token > old.token
+    assert cluster.ensemble.stat(a.znode() or "").ephemeralOwner == fresh
+
+
+def test_after_a_partition_the_expired_sessions_znode_is_gone_before_the_new_one(
+    cluster: Cluster,
+) -> None:
+    """The servers expired the session while the node was cut off: its znode went with it,
+    so when the partition heals the node's new session queues without a stale znode of its
+    own ahead of it."""
+    a = cluster.node("a")
+    old = wait_for("a leads", a.leading)
+    b = cluster.node("b")
+    wait_for("b queues", lambda: b.node.role == "follower" and b.znode())
+    session = session_of(a)
+    assert session is not None
+    old_znode = a.znode()
+
+    cluster.ensemble.partition()
+    wait_loss_handled(a, 1)
+    cluster.ensemble.expire_cut_off(session)
+    cluster.ensemble.heal()
+
+    wait_for("b leads", b.leading)
+    fresh = wait_for(
+        "a has a new session", lambda: (s := session_of(a)) not in (None, session) and s
+    )
+    events = cluster.ensemble.session_events
+    assert events.index(("close", session)) < events.index(("open", fresh))
+    assert old_znode is not None
+    assert not cluster.ensemble.exists(old_znode)
+    assert old.ended
+    assert a.jobs.terms == [old]
 
 
 # -- fatal errors ----------------------------------------------------------------------------

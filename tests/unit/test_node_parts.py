@@ -272,7 +272,9 @@ def test_a_probe_records_reachability_and_the_clock() -> None:
 # -- the session and its file --------------------------------------------------------------------
 
 
-def test_a_session_starts_and_a_rejoin_builds_a_new_client(tmp_path: Path) -> None:
+def test_a_session_starts_and_a_recovery_without_a_znode_closes_it_for_a_new_one(
+    tmp_path: Path,
+) -> None:
     cfg = config(**{"node.state_dir": str(tmp_path / "state")})
     ensemble = FakeEnsemble()
     factory = ClientFactory(ensemble, auth=AUTH, default_acl=zkclient.acl(cfg))
@@ -302,12 +304,13 @@ def test_a_session_starts_and_a_rejoin_builds_a_new_client(tmp_path: Path) -> No
     session._on_state(KazooState.SUSPENDED)  # what kazoo's listener gets
     assert paused
     assert not guard.connected
-    session.rejoin()
+    assert session.recover() is False  # alive, but no znode of ours to keep
     assert len(factory.built) == 2
     assert factory.built[0].closed
     second = session.credentials()
     assert second is not None
     assert second != first
+    assert ensemble.closed_sessions == [first[0]]  # closed before the new one was opened
     assert session.election is not None
     assert session.election is not election
     session.close()
