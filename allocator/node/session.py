@@ -23,7 +23,7 @@ from allocator.node.seams import ZooKeeperFactory
 from allocator.node.session_record import SessionRecorder
 from allocator.node.signals import Signals
 from allocator.zookeeper import client as zkclient
-from allocator.zookeeper import negotiated
+from allocator.zookeeper import negotiated, security
 from allocator.zookeeper.election import Election, Identity
 
 log = logs.get_logger(__name__)
@@ -87,9 +87,16 @@ class ZooKeeperSession:
         return "suspended" if self._signals.role != "starting" else "connecting"
 
     def start(self) -> Election:
-        """Start the current client, record its session, build the election on it."""
+        """Start the current client, record its session, build the election on it. A TLS
+        handshake the servers refuse is a ConfigError here (exit 78, naming the CA key); once
+        running, the node only retries (:meth:`recover`)."""
         self.client.add_listener(self._on_state)
-        self._start(self.client)
+        try:
+            self._start(self.client)
+        except ZooKeeperUnavailableError as exc:
+            raise security.unanswered(
+                self._config, self._config.zookeeper.connect_timeout_s
+            ) from exc
         self._began(self.client)
         self.election = self._election(self.client)
         return self.election
@@ -197,7 +204,7 @@ class ZooKeeperSession:
             client.start(timeout=timeout_s)
         except KazooTimeoutError as exc:
             raise ZooKeeperUnavailableError(
-                f"no ZooKeeper server answered at {config.zookeeper.hosts} within {timeout_s} s"
+                f"no ZooKeeper server answered at {config.zookeeper.hosts} within {timeout_s:g} s"
             ) from exc
 
     def _began(self, client: Any) -> None:

@@ -40,29 +40,16 @@ def zookeeper_client(config: Config, *, chroot: bool = True) -> KazooClient:
 
 
 def start(client: KazooClient, config: Config) -> None:
-    """Connect, or raise :class:`ZooKeeperUnavailableError`. A missing chroot is no error here
-    (the caller reports an empty election), so kazoo's warning about it is silenced.
-
-    With TLS, a server that refuses the handshake (a certificate our CA did not sign, a
-    port without TLS) is a :class:`ConfigError` saying so: kazoo itself only times out, and
-    never falls back to plain TCP."""
+    """Connect, or raise :func:`allocator.zookeeper.security.unanswered`'s error. A missing
+    chroot is no error here (the caller reports an empty election), so kazoo's warning about
+    it is silenced."""
     zk = config.zookeeper
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="No chroot path exists")
         try:
             client.start(timeout=zk.connect_timeout_s)
         except KazooTimeoutError as exc:
-            tls = security.transport(config).tls
-            problem = security.handshake_problem(zk.hosts, tls) if tls is not None else None
-            if problem is not None:
-                raise ConfigError(
-                    f"{problem}; check zookeeper.tls_ca_file (the CA that signed the "
-                    "servers' certificates) and that zookeeper.hosts names their "
-                    "secureClientPort"
-                ) from exc
-            raise ZooKeeperUnavailableError(
-                f"no ZooKeeper server answered at {zk.hosts} within {zk.connect_timeout_s:g} s"
-            ) from exc
+            raise security.unanswered(config, zk.connect_timeout_s) from exc
 
 
 def close(client: KazooClient) -> None:

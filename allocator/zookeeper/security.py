@@ -15,7 +15,7 @@ from typing import Any
 
 from allocator.config import Config
 from allocator.config.sections import SASL_DIGEST_MD5
-from allocator.core.errors import ConfigError
+from allocator.core.errors import AllocatorError, ConfigError, ZooKeeperUnavailableError
 from allocator.core.zookeeper_hosts import servers_of
 
 DEFAULT_PORT = 2181
@@ -161,3 +161,21 @@ def _host_port(server: str) -> tuple[str, int]:
         return host, int(rest[1:]) if rest.startswith(":") else DEFAULT_PORT
     host, _, port = server.partition(":")
     return host, int(port) if port else DEFAULT_PORT
+
+
+def unanswered(config: Config, timeout_s: float) -> AllocatorError:
+    """Why no session began within ``timeout_s``: :class:`ZooKeeperUnavailableError`, or with
+    TLS a :class:`ConfigError` when a server refuses the handshake (a certificate our CA did
+    not sign, a port without TLS): kazoo itself only times out, and never falls back to
+    plain TCP."""
+    zk = config.zookeeper
+    tls = transport(config).tls
+    problem = handshake_problem(zk.hosts, tls) if tls is not None else None
+    if problem is not None:
+        return ConfigError(
+            f"{problem}; check zookeeper.tls_ca_file (the CA that signed the servers' "
+            "certificates) and that zookeeper.hosts names their secureClientPort"
+        )
+    return ZooKeeperUnavailableError(
+        f"no ZooKeeper server answered at {zk.hosts} within {timeout_s:g} s"
+    )

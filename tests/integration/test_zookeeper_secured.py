@@ -9,6 +9,8 @@ One server per module, started by the embedded cluster's own code with
 
 from __future__ import annotations
 
+import gc
+import logging
 import threading
 import time
 import uuid
@@ -301,3 +303,28 @@ def test_both_identities_while_a_cluster_moves_from_digest_to_sasl(
         finally:
             client.stop()
             client.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # kazoo, above
+def test_a_node_whose_ca_did_not_sign_the_servers_stops_at_start_naming_the_key(
+    secured: SecuredZooKeeper, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A node, not only an operator command: exit 78 (a ConfigError) naming the CA key,
+    instead of 75 "no ZooKeeper server answered", which a restart would never mend."""
+    settings: dict[str, object] = {
+        "zookeeper.hosts": secured.tls,
+        **tls_settings(secured.pki, "other-ca.pem"),
+        "zookeeper.sasl_username": "nodes",
+        "zookeeper.sasl_password": NODES_PASSWORD,
+        "zookeeper.connect_timeout_s": 1,
+        "postgres.url": db_url,
+        "node.name": "wrong-ca",
+        "node.admin_address": "127.0.0.1:0",
+    }
+    # kazoo logs each refused handshake with its traceback, which holds the socket; pytest's
+    # log capture would keep those records, and the sockets, past the test.
+    monkeypatch.setattr(logging.getLogger("kazoo"), "level", logging.ERROR)
+    node = build_node(load_config(None, settings, env={}))
+    with pytest.raises(ConfigError, match=r"CERTIFICATE_VERIFY_FAILED.*zookeeper\.tls_ca_file"):
+        node.run()
+    gc.collect()  # kazoo's unclosed handshake sockets, while their warning is ignored
