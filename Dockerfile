@@ -23,7 +23,7 @@ COPY jobs ./jobs
 # named as the distribution it must build (pip refuses another name).
 RUN python -m venv /opt/allocator \
     && /opt/allocator/bin/pip install --no-cache-dir --no-compile \
-        "snowflake-block-allocator[node] @ file:///src"
+        "snowflake-block-allocator[node,sasl] @ file:///src"
 
 FROM ${PYTHON_IMAGE}
 # Same base image, so the venv's interpreter link (/usr/local/bin/python3.11) resolves.

@@ -8,6 +8,7 @@ Operators' side: ``docs/zookeeper-acls.md``.
 
 from __future__ import annotations
 
+import importlib.util
 import socket
 import ssl
 from dataclasses import dataclass, field
@@ -15,7 +16,12 @@ from typing import Any
 
 from allocator.config import Config
 from allocator.config.sections import SASL_DIGEST_MD5
-from allocator.core.errors import AllocatorError, ConfigError, ZooKeeperUnavailableError
+from allocator.core.errors import (
+    AllocatorError,
+    ConfigError,
+    PrerequisiteError,
+    ZooKeeperUnavailableError,
+)
 from allocator.core.zookeeper_hosts import servers_of
 
 DEFAULT_PORT = 2181
@@ -83,8 +89,22 @@ def transport(config: Config) -> Transport:
         check_tls(tls)
     sasl = None
     if zk.sasl_username:
+        require_sasl_package()
         sasl = Sasl(zk.sasl_username, zk.sasl_password.get_secret_value(), zk.sasl_mechanism)
     return Transport(tls=tls, sasl=sasl)
+
+
+SASL_PACKAGE_HINT = "pip install 'snowflake-block-allocator[node,sasl]'"
+
+
+def require_sasl_package() -> None:
+    """kazoo speaks SASL through ``pure-sasl``, an extra of its own (``sasl``): it ships no
+    wheel, and the ``node`` extra installs from wheels alone. Without it kazoo would fail the
+    handshake in its connection thread, which only shows as a connect time-out."""
+    if importlib.util.find_spec("puresasl") is None:
+        raise PrerequisiteError(
+            f"zookeeper.sasl_username needs the pure-sasl package: {SASL_PACKAGE_HINT}"
+        )
 
 
 def file_problems(config: Config) -> list[str]:

@@ -3,6 +3,7 @@ is built (issue 24, item 2), without servers: a bad file is a ConfigError naming
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,7 @@ from click.testing import CliRunner
 
 from allocator import cli
 from allocator.config import Config, load_config
-from allocator.core.errors import ConfigError
+from allocator.core.errors import ConfigError, PrerequisiteError
 from allocator.zookeeper import client as zkclient
 from tests.fixtures.tls import write_pki
 
@@ -106,3 +107,19 @@ def test_config_check_and_run_check_read_the_tls_files(tmp_path: Path, command: 
     write_pki(tmp_path)
     env["ALLOCATOR_ZOOKEEPER_TLS_CA_FILE"] = str(tmp_path / "ca.pem")
     assert CliRunner().invoke(cli.main, command, env=env).exit_code == 0
+
+
+def test_sasl_without_its_package_says_which_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """pure-sasl is the `sasl` extra (no wheel exists): without it kazoo would only time out."""
+    real_find_spec = importlib.util.find_spec
+
+    def without_puresasl(name: str, package: str | None = None) -> object:
+        return None if name == "puresasl" else real_find_spec(name, package)
+
+    monkeypatch.setattr(importlib.util, "find_spec", without_puresasl)
+    cfg = config(zookeeper__sasl_username="nodes", zookeeper__sasl_password="nodes-pw")
+    with pytest.raises(PrerequisiteError, match=r"snowflake-block-allocator\[node,sasl\]"):
+        zkclient.client(cfg)
+    assert PrerequisiteError.exit_code == 69
