@@ -8,7 +8,6 @@ ephemeral entry with garbage data) changes nobody's place and is reported.
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -20,7 +19,6 @@ from kazoo.security import READ_ACL_UNSAFE, make_digest_acl
 
 from allocator import cli, fence
 from allocator.cluster_status import gather
-from allocator.commands.run import build_node
 from allocator.config import Config, load_config
 from allocator.node import Node
 from allocator.zookeeper import client as zkclient
@@ -50,24 +48,6 @@ def node_config(zk_hosts: str, db_url: str, **overrides: object) -> Config:
         },
         env={},
     )
-
-
-@pytest.fixture
-def run_node() -> Iterator[Callable[[Config], Node]]:
-    running: list[tuple[Node, threading.Thread]] = []
-
-    def start(config: Config) -> Node:
-        node = build_node(config)
-        thread = threading.Thread(target=node.run, name="secure-node", daemon=True)
-        thread.start()
-        running.append((node, thread))
-        return node
-
-    yield start
-    for node, thread in running:
-        node.request_stop()
-        thread.join(DEADLINE_S)
-        assert not thread.is_alive(), "the node did not stop"
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import gc
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -120,24 +119,6 @@ def chroot(secured: SecuredZooKeeper) -> Iterator[str]:
     finally:
         root.stop()
         root.close()
-
-
-@pytest.fixture
-def run_node() -> Iterator[Callable[[Config], Node]]:
-    running: list[tuple[Node, threading.Thread]] = []
-
-    def start(config: Config) -> Node:
-        node = build_node(config)
-        thread = threading.Thread(target=node.run, name="secured-node", daemon=True)
-        thread.start()
-        running.append((node, thread))
-        return node
-
-    yield start
-    for node, thread in running:
-        node.request_stop()
-        thread.join(DEADLINE_S)
-        assert not thread.is_alive(), "the node did not stop"
 
 
 def test_a_node_over_tls_and_sasl_and_an_operator_who_may_only_read(
