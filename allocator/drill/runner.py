@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
+import psycopg
 from kazoo.client import KazooClient
 from kazoo.handlers.threading import KazooTimeoutError
 
@@ -360,6 +361,7 @@ class Drill(Waits):
                 if outcome.new_leader is None and ready.epoch > leader.epoch:
                     outcome.new_leader, outcome.new_epoch = ready.name, ready.epoch
                 self._measure(faults, outcome, serving=any(s.rides_out for s in scenarios))
+                self._note_successor(leader, outcome)
                 if len(scenarios) == 1 and outcome.error is None:
                     outcome.error = scenarios[0].judge(outcome)
         for fault, mark in zip(faults, marks, strict=True):
@@ -435,6 +437,20 @@ class Drill(Waits):
         outcome.leaderless_s = self.timeline.leaderless_s(
             self.timeline.at_s(started), self.timeline.now_s()
         )
+
+    def _note_successor(self, leader: Leader, outcome: RoundResult) -> None:
+        """The fence's holder once a leader serves, if a newer term than ``leader``'s: a node
+        that kept its session across an outage still holds the fence when the cluster is
+        ready, and hands it on only after (the round would say nobody took over)."""
+        if outcome.new_leader is not None:
+            return
+        try:
+            fence = self._fence.read()
+        except (AllocatorError, psycopg.Error) as exc:
+            log.warning("fence_unreadable", error=str(exc))
+            return
+        if fence.holder is not None and fence.epoch > leader.epoch:
+            outcome.new_leader, outcome.new_epoch = fence.holder, fence.epoch
 
     def _heal(self, fault: Fault, outcome: RoundResult) -> None:
         if fault.heal is None or fault.healed_at is not None:
