@@ -5,7 +5,9 @@ Rules: the database URL comes from the Alembic config's attributes (set by
 (``allocator.migrate.engine``), so multi-host URLs work; migrations run online only, one
 transaction per run (PostgreSQL DDL is transactional, so a failed upgrade leaves nothing
 half-done). The version table lives in the ``public`` schema so that dropping ``allocator``
-on downgrade is clean.
+on downgrade is clean. Around the migrations, in their transaction,
+``allocator.postgres.migrate`` lets the node and operator roles read that table and records
+the compatibility marker in its comment (docs/upgrades.md).
 """
 
 from __future__ import annotations
@@ -22,8 +24,11 @@ def run_migrations_online() -> None:
     engine = migrate.engine(url)
     with engine.connect() as connection:
         context.configure(connection=connection, transaction_per_migration=False)
+        driver = connection.connection.driver_connection
         with context.begin_transaction():
+            migrate.before_migrations(driver, context.get_revision_argument())
             context.run_migrations()
+            migrate.after_migrations(driver)
     engine.dispose()
 
 

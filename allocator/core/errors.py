@@ -113,6 +113,18 @@ class DatabaseLoginError(ConfigError, DatabaseUnavailableError):
         self.role = role
 
 
+class SchemaMismatchError(ConfigError):
+    """The database's schema revision is one this release's node cannot use (older than it
+    needs, missing, or newer and closed to it by a contract): exit 78, the message names
+    the database's revision, the range this release accepts and the way out
+    (:mod:`allocator.postgres.compat`, docs/upgrades.md)."""
+
+
+class MigrationLockTimeoutError(DatabaseUnavailableError):
+    """Another ``allocator migrate`` held the migration lock for longer than
+    ``--lock-timeout``: retry once it is done (exit 75, the holder named)."""
+
+
 class DatabaseBehindError(DatabaseError):
     """The database lies below ZooKeeper's watermark (restored from a backup, or failed over
     to a standby that missed commits): a takeover found it so and wrote nothing. ``reason``

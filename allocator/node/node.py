@@ -4,7 +4,7 @@ exit.
 Exit codes: 0 stopped on request; 3 ZooKeeper session lost (only with
 ``node.on_session_loss = "exit"``; the default rejoins); 4 fenced by a newer leader;
 69/70/75/78 as for every command (missing prerequisite, bug, unavailable, bad
-configuration).
+configuration; 78 also for a schema revision this release cannot use).
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from kazoo.exceptions import KazooException, NoAuthError, NoNodeError
 from allocator.config import Config, runway
 from allocator.core import logs
 from allocator.core.clock import wall_clock_ms
+from allocator.core.errors import SchemaMismatchError
 from allocator.core.health import NodeHealth
 from allocator.core.leadership import SessionGuard, Term
 from allocator.http.admin import AdminServer
@@ -33,6 +34,7 @@ from allocator.node.leading import Leading, TermFactory
 from allocator.node.pacing import Pacing
 from allocator.node.pool_watch import PoolWatch
 from allocator.node.probe import Prober, ready
+from allocator.node.schema_guard import SchemaGuard
 from allocator.node.seams import LeaderJobsPort, NodeStore, ZooKeeperFactory
 from allocator.node.session import ZooKeeperSession
 from allocator.node.session_record import SessionRecorder
@@ -89,6 +91,7 @@ class Node:
         self._watermark = WatermarkKeeper(self.name, self._blockers)
         self._handover = Handover(self.name, config, self._health, self._pool_watch, self._metrics)
         self._recorder = SessionRecorder(config, self.name, self._host, self._pid)
+        self._schema = SchemaGuard(self.name, store)
         self._prober = Prober(
             self.name,
             config,
@@ -102,6 +105,7 @@ class Node:
             pacing=self._pacing,
             identity=self._identity,
             election=lambda: self._session.election,
+            reconnected=self._check_schema_again,
         )
         self._leading = Leading(
             self.name,
@@ -270,13 +274,16 @@ class Node:
     # -- the run ----------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Run until stopped, fenced or the session is lost; returns the exit code."""
+        """Run until stopped, fenced or the session is lost; returns the exit code. A schema
+        this release cannot use (:mod:`allocator.node.schema_guard`), at start or on a
+        reconnect, raises :class:`SchemaMismatchError` (exit 78)."""
         config = self._config
         try:
             zkclient.check_node(config)  # before anything starts: no ACLs, no node
             self._session.warn_insecure()
             self._recorder.prepare()
             self._store.open(timeout=config.postgres.connect_timeout_s)
+            self._schema.check("start")
             self._admin.start()
             self._jobs.start_scheduler()
             self._session.start()
@@ -288,9 +295,21 @@ class Node:
             )
             self._probe_thread.start()
             self._cluster.start()
-            return self._loop()
+            code = self._loop()
         finally:
             self._shutdown()
+        if self._schema.refusal is not None:  # met on a reconnect: the node stopped for it
+            raise self._schema.refusal
+        return code
+
+    def _check_schema_again(self) -> None:
+        """The database answers again after an outage: a schema this node cannot use stops
+        it (handed over like a SIGTERM; the run then raises the refusal, exit 78)."""
+        try:
+            self._schema.check("reconnect")
+        except SchemaMismatchError as exc:
+            self._schema.refusal = exc
+            self.request_stop("schema_refused")
 
     def _warn_async_replication(self) -> None:
         allowed = self._config.postgres.allow_async_replication

@@ -61,6 +61,7 @@ class Prober:
         pacing: Pacing,
         identity: Callable[[], Identity],
         election: Callable[[], Election | None],
+        reconnected: Callable[[], None] = lambda: None,
     ) -> None:
         self._name = name
         self._config = config
@@ -74,6 +75,8 @@ class Prober:
         self._pacing = pacing
         self._identity = identity
         self._election = election
+        self._reconnected = reconnected
+        """Called when the database answers again after it had not (the schema check)."""
         self._call: threading.Thread | None = None
         """The probe in flight (one at a time: see :meth:`loop`)."""
         self._published: Identity | None = None
@@ -127,10 +130,14 @@ class Prober:
                 log.warning("advert_failed", name=self._name, error=repr(exc))
 
     def probe_once(self) -> None:
-        """One round trip: the database clock against ours; the pool after an answer."""
+        """One round trip: the database clock against ours; the pool after an answer. When
+        the database answers after it had not, ``reconnected`` first (a database it cannot
+        ask counts as unreachable, so the next answer asks again)."""
         bound = self._config.pool.max_clock_skew_ms
         try:
             reading = self._store.read_clock(self._now_ms)
+            if self._health.advert().db_ok is False:
+                self._reconnected()  # back after an outage: perhaps another schema
         except AllocatorError as exc:
             if self._health.advert().db_ok is not False:
                 log.warning("database_unreachable", name=self._name, error=str(exc))

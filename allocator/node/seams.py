@@ -30,6 +30,7 @@ from allocator.core.records import (
     TermRecord,
 )
 from allocator.fence import Token, Watermark
+from allocator.postgres.compat import SchemaStamp
 
 
 class NodeStore(Protocol):
@@ -54,6 +55,10 @@ class NodeStore(Protocol):
     def fence(self) -> FenceState: ...
 
     def read_clock(self, now_ms: Callable[[], float]) -> ClockReading: ...
+
+    def schema_stamp(self) -> SchemaStamp:
+        """The schema revision and its compatibility marker (:mod:`allocator.postgres.compat`)."""
+        ...
 
     def pool_status(self) -> PoolStatus: ...
 

@@ -52,7 +52,7 @@ _UNAVAILABLE: Mapping[str, str] = {
     "57P03": "the server is not accepting connections yet",
     "53300": "the server has too many connections",
 }
-# The schema is missing or older than this code.
+# The schema lacks an object this code calls: missing, older, or (after a contract) newer.
 _SCHEMA_MISSING = frozenset({"3F000", "42P01", "42883"})
 # invalid_password, invalid_authorization_specification: the server refused the login.
 _LOGIN_REFUSED = frozenset({"28P01", "28000"})
@@ -79,7 +79,8 @@ def translate(exc: psycopg.Error, what: str) -> AllocatorError:
     - Other connection failures, lock and statement timeouts, server shutdowns, deadlocks
       and serialization failures → :class:`DatabaseUnavailableError` (retryable; after a
       write the outcome is unknown, the commit may have happened).
-    - A missing or older schema → :class:`DatabaseError` naming ``allocator migrate``;
+    - A schema without an object this code calls → :class:`DatabaseError` naming
+      ``allocator migrate --status``;
       anything else → :class:`DatabaseError`.
     """
     state = exc.sqlstate or ""
@@ -104,8 +105,9 @@ def translate(exc: psycopg.Error, what: str) -> AllocatorError:
         return DatabaseUnavailableError(f"{what}: PostgreSQL is unreachable")
     if state in _SCHEMA_MISSING:
         return DatabaseError(
-            f"{what}: the allocator schema is missing or older than this code "
-            "(run `allocator migrate`)"
+            f"{what}: the database's schema lacks something this release calls "
+            "(`allocator migrate --status` names its revision and whether this release can "
+            "use it; docs/upgrades.md)"
         )
     return DatabaseError(f"{what} failed")
 

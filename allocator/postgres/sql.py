@@ -43,6 +43,16 @@ PING: Final = "SELECT 1"
 DB_CLOCK: Final = "SELECT floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint AS db_ms"
 """The database server's clock in Unix milliseconds: the cluster's reference clock."""
 
+VERSION_TABLE: Final = (
+    "SELECT to_regclass('public.alembic_version') IS NOT NULL,"
+    " obj_description(to_regclass('public.alembic_version'), 'pg_class')"
+)
+"""Whether Alembic's version table exists, and its comment (the compatibility marker,
+:mod:`allocator.postgres.compat`): readable by every role."""
+
+SCHEMA_REVISION: Final = "SELECT version_num FROM public.alembic_version"
+"""The schema revision; ``allocator migrate`` grants the node and operator roles SELECT."""
+
 REPLICATION_STATUS: Final = (
     "SELECT standbys, synchronous_standbys, synchronous_standby_names, synchronous_commit,"
     " in_recovery FROM allocator.replication_status()"

@@ -29,6 +29,7 @@ from allocator.core.errors import (
     DatabaseLoginError,
     DatabaseUnavailableError,
     InvalidBatchError,
+    SchemaMismatchError,
     WriteAbandonedError,
 )
 from allocator.core.layout import Layout
@@ -46,7 +47,8 @@ from allocator.core.records import (
     TermRecord,
 )
 from allocator.fence import BIGINT_MAX, Token, Watermark, database_behind
-from allocator.postgres import sql
+from allocator.postgres import compat, sql
+from allocator.postgres.compat import SchemaStamp
 from allocator.postgres.errors import translate, translated
 
 log = logs.get_logger(__name__)
@@ -507,6 +509,29 @@ class NodeDatabase:
     def replication(self) -> Replication:
         """How the database replicates (one round trip; see :class:`Replication`)."""
         return self._row("read the replication status", sql.REPLICATION_STATUS, {}, Replication)
+
+    def schema_stamp(self) -> SchemaStamp:
+        """The database's schema revision and compatibility marker
+        (:mod:`allocator.postgres.compat`), in one transaction.
+
+        A role that may not read Alembic's version table is :class:`SchemaMismatchError`:
+        ``allocator migrate`` of this release grants it (an older release's did not).
+        """
+        what = "read the schema revision"
+        try:
+            with self._connection(what) as conn, conn.transaction():
+                present, comment = conn.execute(sql.VERSION_TABLE).fetchone() or (False, None)
+                rows = conn.execute(sql.SCHEMA_REVISION).fetchall() if present else []
+        except DatabaseError as exc:
+            if isinstance(exc.__cause__, psycopg.errors.InsufficientPrivilege):
+                raise SchemaMismatchError(
+                    f"{what}: this node's role may not read public.alembic_version "
+                    f"({compat.accepted_range()}): run `allocator migrate` with this release, "
+                    "which grants allocator_node SELECT on it"
+                ) from exc
+            raise
+        revision = str(rows[0][0]) if rows else None
+        return SchemaStamp(revision, compat.read_marker(comment))
 
     def read_clock(self, now_ms: Callable[[], float]) -> ClockReading:
         """The database clock against ``now_ms`` (the node's clock), from one round trip."""

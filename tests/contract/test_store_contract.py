@@ -40,6 +40,8 @@ from allocator.core.layout import Layout
 from allocator.core.records import BlockAgeBound, BlockAgeStatus, FenceState, Takeover
 from allocator.fence import Token, Watermark
 from allocator.node.seams import LeaderStore, NodeStore
+from allocator.postgres import compat
+from allocator.postgres.compat import SchemaStamp
 from allocator.postgres.store import NodeDatabase
 from tests.fakes.store import FakeDatabase, FakeStore
 from tests.fixtures.pg import claim, url_for_user
@@ -211,6 +213,8 @@ def test_a_fresh_database_has_no_fence_no_mark_no_pool(backend: Backend) -> None
     assert store.block_age_status() == BlockAgeStatus(None, None, None, False, None)
     assert store.replication().asynchronous is False
     assert not store.read_clock(wall_clock_ms).disagrees(1000)  # fake: the offset it is given
+    # The node role reads the revision (`allocator migrate` granted it) and the marker.
+    assert store.schema_stamp() == SchemaStamp(compat.HEAD, "0003")
 
 
 # -- the fence -------------------------------------------------------------------------------

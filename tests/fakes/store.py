@@ -47,6 +47,8 @@ from allocator.core.records import (
     TermRecord,
 )
 from allocator.fence import BIGINT_MAX, Token, Watermark, database_behind
+from allocator.postgres import compat
+from allocator.postgres.compat import SchemaStamp
 
 LayoutRecord = Mapping[str, int]
 """What the database records of a layout: :meth:`Layout.record` (migration 0003)."""
@@ -709,6 +711,8 @@ class FakeStore:
         self.clock_offset_ms = clock_offset_ms
         self.available_blocks = available_blocks
         self.replication_status = Replication(0, 0, "", "on", False)
+        self.schema = SchemaStamp(compat.HEAD, compat.contract_floor(compat.HEAD))
+        """What :meth:`schema_stamp` answers (a test sets another schema)."""
         self.opened = False
         self.closed = False
         self._lock = threading.Lock()
@@ -815,6 +819,10 @@ class FakeStore:
         self.database.record_pool_sample()
 
     # -- reads -------------------------------------------------------------------------------
+
+    def schema_stamp(self) -> SchemaStamp:
+        self._check_reachable("read the schema revision")
+        return self.schema
 
     def read_clock(self, now_ms: Callable[[], float]) -> ClockReading:
         self._check_reachable("read the database clock")

@@ -95,6 +95,16 @@ def test_downgrade_to_base_then_upgrade_again_works(empty_db_url: str) -> None:
     migrate.downgrade_to_base(empty_db_url)
     assert migrate.current_revision(empty_db_url) is None
     assert schema_objects(empty_db_url) == {"tables": set(), "views": set(), "functions": set()}
+    with psycopg.connect(empty_db_url) as conn:  # nothing left that keeps a role from going
+        readers = conn.execute(
+            "SELECT count(*) FROM information_schema.role_table_grants"
+            " WHERE table_schema = 'public' AND table_name = 'alembic_version'"
+            " AND grantee LIKE 'allocator\\_%'"
+        ).fetchone()
+        comment = conn.execute(
+            "SELECT obj_description('public.alembic_version'::regclass, 'pg_class')"
+        ).fetchone()
+    assert (readers, comment) == ((0,), (None,))
     migrate.upgrade_to_head(empty_db_url)
     with psycopg.connect(empty_db_url, autocommit=True) as conn:
         take_fence(conn, 7)
@@ -214,7 +224,9 @@ def test_bad_url_is_a_clear_error() -> None:
 def test_unreachable_database_is_a_clear_error(unused_tcp_port: int) -> None:
     """As every command reports it (exit 75, retry later), not as a failed migration."""
     url = f"postgresql://nobody@127.0.0.1:{unused_tcp_port}/nothing?connect_timeout=2"
-    with pytest.raises(DatabaseUnavailableError, match="schema upgrade: PostgreSQL is unreachable"):
+    with pytest.raises(
+        DatabaseUnavailableError, match="take the migration lock: PostgreSQL is unreachable"
+    ):
         migrate.upgrade_to_head(url)
 
 

@@ -32,11 +32,12 @@ from kazoo.security import make_digest_acl
 
 from allocator import fence
 from allocator.config import Config, load_config
-from allocator.core.errors import ConfigError, LayoutMismatchError
+from allocator.core.errors import ConfigError, LayoutMismatchError, SchemaMismatchError
 from allocator.core.health import NodeHealth
 from allocator.core.leadership import Term
 from allocator.fence import Token
 from allocator.node import EXIT_CONFIG, EXIT_FENCED, EXIT_OK, EXIT_SESSION_LOST, Node, Pacing
+from allocator.postgres.compat import SchemaStamp
 from allocator.zookeeper import client as zkclient
 from allocator.zookeeper.election import Identity, ordered, sequence_of
 from tests import output_schemas
@@ -862,6 +863,58 @@ def test_a_fenced_write_met_by_the_jobs_exits_with_code_4(cluster: Cluster) -> N
     assert not term.may_write()
     assert a.jobs.stops == 1
     assert cluster.database.fence().holder == "intruder"
+
+
+# -- the schema revision (issue 25) ------------------------------------------------------------
+
+
+def test_a_node_refuses_at_start_a_schema_older_than_it_can_use() -> None:
+    ensemble = FakeEnsemble()
+    node = bare_node(ensemble, {})
+    node_store = node._store
+    assert isinstance(node_store, FakeStore)
+    node_store.schema = SchemaStamp("0009", "0003")
+
+    with pytest.raises(SchemaMismatchError, match=r"revision 0009 is older.*allocator migrate"):
+        node.run()
+    assert SchemaMismatchError("").exit_code == EXIT_CONFIG
+    assert ensemble.children("/") == []  # it never joined the election
+
+
+def test_a_node_back_from_an_outage_to_a_schema_closed_to_it_stops_with_the_refusal(
+    cluster: Cluster,
+) -> None:
+    a = cluster.node("a")
+    term = wait_for("a leads", a.leading)
+    a.store.reachable = False
+    wait_for("a's probe fails", lambda: a.metric("allocator_database_reachable") == 0)
+    # A failover or restore brings a schema a newer release closed to this one.
+    a.store.schema = SchemaStamp("0014", "0013")
+    a.store.reachable = True
+
+    assert a.thread is not None
+    a.thread.join(WAIT_S)
+    assert not a.thread.is_alive()
+    error, a.error = a.error, None  # seen here, not reported by the fixture
+    assert isinstance(error, SchemaMismatchError)
+    assert "revision 0014" in str(error)
+    assert "upgrade the node to a release that knows revision 0013" in str(error)
+    assert term.end_reason == "shutdown"  # handed over as on a SIGTERM
+    assert cluster.ensemble.children(ELECTION) == []
+
+
+def test_a_node_back_from_an_outage_to_a_schema_it_can_use_carries_on(cluster: Cluster) -> None:
+    a = cluster.node("a")
+    wait_for("a leads", a.leading)
+    a.store.reachable = False
+    wait_for("a's probe fails", lambda: a.metric("allocator_database_reachable") == 0)
+    a.store.schema = SchemaStamp("0013", "0003")  # newer, expand-only
+    a.store.reachable = True
+
+    wait_for("a's probe answers", lambda: a.metric("allocator_database_reachable") == 1)
+    assert a.leading() is not None
+    assert a.thread is not None
+    assert a.thread.is_alive()
 
 
 # -- ZooKeeper ACLs (issue 10: must show 1 and 2) ---------------------------------------------
