@@ -123,8 +123,9 @@ def serve(node: Node) -> None:
         (Exit.TEMPFAIL, "ZooKeeper or PostgreSQL unavailable at start"),
         (
             Exit.CONFIG,
-            "invalid configuration, no zookeeper.auth without zookeeper.insecure, or a layout "
-            "or datacenter id the database recorded otherwise",
+            "invalid configuration, no zookeeper.auth without zookeeper.insecure, a layout "
+            "or datacenter id the database recorded otherwise, or a schema revision this "
+            "release cannot use (docs/upgrades.md)",
         ),
         OTHER,
     ),

@@ -86,7 +86,8 @@ TABLE: tuple[Row, ...] = (
         "EX_CONFIG",
         "configuration: invalid (every problem named), a setting missing, a login refused "
         "(the PostgreSQL role or ZooKeeper identity named), a layout the database recorded "
-        "otherwise; fix it, a retry will not help",
+        "otherwise, a schema revision this release cannot use (both revisions named); fix "
+        "it, a retry will not help",
     ),
 )
 """Every code, in numeric order (a unit test checks it covers :class:`Exit` exactly)."""
