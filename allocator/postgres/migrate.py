@@ -124,13 +124,13 @@ def migrate_to(
                 f"the database is at revision {before}, which this release does not know "
                 f"(it knows {known[0]} to {known[-1]}): migrate it with a release that knows it"
             )
-        ahead = target == "base" or (
+        down = target == "base" or (
             target not in ("head", before)
             and before is not None
             and known.index(target) < known.index(before)
         )
         config = _alembic_config(url)
-        if ahead:
+        if down:
             _run(lambda: command.downgrade(config, target), "downgrade")
         else:
             _run(lambda: command.upgrade(config, target), "upgrade")

@@ -14,14 +14,17 @@ import os
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import psycopg
 import pytest
+from psycopg import sql as pgsql
 
 from allocator.core.exits import Exit
 from allocator.local.info import ClusterInfo
 from allocator.postgres import compat, migrate
+from tests.fixtures.pg import url_for_user
 from tests.fuzz.clikit import clean_environment, invoke
 from tests.integration.test_migrations import FUNCTIONS, TABLES, VIEWS, schema_objects
 
@@ -155,6 +158,35 @@ def test_a_node_refuses_a_newer_schema_a_contract_closed_to_it(
     [line] = [text for text in result.stderr.splitlines() if text.startswith("error")]
     assert "schema revision 0099 is newer than this release knows" in line
     assert line.endswith("upgrade the node to a release that knows revision 0098")
+
+
+def test_a_node_whose_role_may_not_read_the_revision_says_to_migrate(
+    db_url: str, cluster: ClusterInfo
+) -> None:
+    """A database last migrated by an older release's CLI, which granted no read of the
+    version table: the node cannot tell the revision and says what grants it."""
+    role = f"t_node_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("REVOKE SELECT ON public.alembic_version FROM allocator_node")
+        conn.execute(
+            pgsql.SQL("CREATE ROLE {} LOGIN IN ROLE allocator_node").format(pgsql.Identifier(role))
+        )
+    try:
+        env = node_env(cluster, url_for_user(db_url, role))
+        result = invoke(["run", "--admin-address", "127.0.0.1:0"], env=env)
+    finally:
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(pgsql.SQL("DROP ROLE {}").format(pgsql.Identifier(role)))
+    assert result.exit_code == Exit.CONFIG, result.output
+    [line] = [text for text in result.stderr.splitlines() if text.startswith("error")]
+    assert "this node's role may not read public.alembic_version" in line
+    assert "run `allocator migrate` with this release" in line
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        migrate.after_migrations(conn)  # what the next `allocator migrate` does
+        row = conn.execute(
+            "SELECT has_table_privilege('allocator_node', 'public.alembic_version', 'SELECT')"
+        ).fetchone()
+    assert row == (True,)
 
 
 def spawn(*args: str) -> subprocess.Popen[str]:
