@@ -110,7 +110,7 @@ def migrate_command(
         current = stamp.revision
         text = f"schema revision: {current or 'none'} (newest: {head})"
         newer = current is not None and current not in known
-        _report(as_json, text, "check", current, current, head)
+        _report(as_json, text, "check", current, current, head, newer=newer)
         raise SystemExit(Exit.OK if current == head or newer else Exit.FAILED)
     if target not in ("head", "base", *known):
         raise UsageError(
@@ -144,7 +144,7 @@ def migrate_command(
         text, action = f"schema upgraded from {before or 'nothing'} to revision {after}", "upgrade"
     if not verdict.usable:
         text += f" (nodes of this release cannot use it: {verdict.message})"
-    _report(as_json, text, action, before, after, head)
+    _report(as_json, text, action, before, after, head, newer=after not in (None, *known))
 
 
 def _moves_down(target: str, current: str | None, known: list[str]) -> bool:
@@ -187,10 +187,18 @@ def _status(as_json: bool, stamp: SchemaStamp, known: list[str]) -> None:
 
 
 def _report(
-    as_json: bool, text: str, action: str, previous: str | None, current: str | None, head: str
+    as_json: bool,
+    text: str,
+    action: str,
+    previous: str | None,
+    current: str | None,
+    head: str,
+    *,
+    newer: bool = False,
 ) -> None:
     """One line, or one JSON object: ``action`` (check, upgrade, downgrade), the previous,
-    current and head revisions, and ``up_to_date``."""
+    current and head revisions, and ``up_to_date`` (also true for a revision ``newer`` than
+    this release knows: nothing of it is pending)."""
     if not as_json:
         click.echo(text)
         return
@@ -199,6 +207,6 @@ def _report(
         "previous_revision": previous,
         "current_revision": current,
         "head_revision": head,
-        "up_to_date": current == head,
+        "up_to_date": current == head or newer,
     }
     click.echo(json.dumps(document))

@@ -112,7 +112,9 @@ def test_a_schema_a_newer_release_wrote_is_left_alone_and_reported(db_url: str) 
     result = invoke(["migrate", "--database-url", db_url])
     assert result.exit_code == Exit.OK, result.output
     assert "newer than this release knows" in result.stdout
-    assert invoke(["migrate", "--check", "--database-url", db_url]).exit_code == Exit.OK
+    check = invoke(["migrate", "--check", "--json", "--database-url", db_url])
+    assert check.exit_code == Exit.OK, check.output
+    assert json.loads(check.stdout)["up_to_date"] is True
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute(
             """COMMENT ON TABLE public.alembic_version IS '{"min_node_revision": "0099"}'"""
