@@ -41,6 +41,24 @@ CLAIMS_PER_STEP = 50
 """Blocks the consumers must receive after each step before the next one starts."""
 COMMAND_TIMEOUT_S = 60
 HANDOVER_POLL_S = 0.01
+ROLES = ("allocator_node", "allocator_app", "allocator_consumer", "allocator_operator")
+FUNCTION_GRANTS = ", ".join(f"has_function_privilege('{r}', p.oid, 'EXECUTE')" for r in ROLES)
+COLUMN_GRANTS = ", ".join(f"has_column_privilege('{r}', c.oid, a.attnum, 'SELECT')" for r in ROLES)
+SURFACE_SQL = f"""
+SELECT 'function ' || p.oid::regprocedure::text,
+       pg_get_function_result(p.oid) || ' ' || concat_ws(',', {FUNCTION_GRANTS})
+  FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace
+ WHERE n.nspname = 'allocator'
+UNION ALL
+SELECT 'column ' || c.relname || '.' || a.attname,
+       format_type(a.atttypid, a.atttypmod) || ' ' || concat_ws(',', {COLUMN_GRANTS})
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+  JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum > 0 AND NOT a.attisdropped
+ WHERE n.nspname = 'allocator' AND c.relkind IN ('r', 'v', 'm', 'p')
+"""
+"""What an older node or consumer may call or read: every function of the schema with its
+result and who may execute it, every column of its tables and views with its type and who
+may read it."""
 HANDOVER_DEADLINE_S = 30.0
 
 
@@ -78,6 +96,12 @@ def logged(node: ExtraNode, *levels: str) -> list[str]:
     """The lines of ``node``'s log at one of ``levels`` (``ERROR``, …)."""
     lines = node.log_path.read_text(errors="replace").splitlines()
     return [line for line in lines if any(f" {level} " in line for level in levels)]
+
+
+def schema_surface(chaos: ChaosCluster) -> dict[str, str]:
+    """:data:`SURFACE_SQL`'s rows, as superuser."""
+    with chaos._connect() as conn:
+        return {str(what): str(shape) for what, shape in conn.execute(SURFACE_SQL).fetchall()}
 
 
 def wait_claims(consumers: Consumers, more: int, what: str) -> None:
@@ -159,6 +183,7 @@ def test_rolling_upgrade_from_4b4f865_drops_nothing(old_release: Path) -> None:
         )
         assert chaos.schema_revision() == release.UPGRADE_FROM_SCHEMA
         info = chaos.up(0)
+        surface_before = schema_surface(chaos)
         old = {
             name: chaos.start_extra_node(
                 name,
@@ -180,6 +205,14 @@ def test_rolling_upgrade_from_4b4f865_drops_nothing(old_release: Path) -> None:
             migrated_at = now_utc()
             run_command(today("migrate", "--database-url", chaos.database_url), {})
             assert chaos.schema_revision() == head_revision()
+            # Expand-only: nothing the old release could call or read was dropped or changed.
+            surface_after = schema_surface(chaos)
+            changed = {
+                what: (shape, surface_after.get(what))
+                for what, shape in surface_before.items()
+                if surface_after.get(what) != shape
+            }
+            assert changed == {}, changed
             chaos.wait_cutting(leader.epoch, migrated_at)
             wait_claims(consumers, CLAIMS_PER_STEP, "on the migrated schema")
 
