@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 # own ZooKeeper and PostgreSQL (tests/fixtures/cluster.py). PYTEST_WORKERS=0: one process.
 PYTEST_WORKERS ?= 2
 
-.PHONY: all demo test check lint unit system-deps test-deps venv clean schema-snapshot
+.PHONY: all demo test check lint unit system-deps test-deps venv releases clean schema-snapshot
 
 all: test
 
@@ -39,7 +39,12 @@ lint: venv
 	@# The fakes are held to the ports by type too: FakeStore must satisfy NodeStore and LeaderStore.
 	$(BIN)/mypy --strict tests/fakes tests/contract
 
-test: test-deps venv lint
+# The earlier release the rolling-upgrade test runs (tests/chaos/release.py), in a virtualenv
+# of its own under .cache/releases/ (not in git): built once (about a minute), then reused.
+releases: venv
+	$(BIN)/python -m tests.chaos.release
+
+test: test-deps venv lint releases
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --dist loadfile --durations=20 $(PYTEST_ARGS)
 
 # Tests that ask for the servers must be marked `integration` (tests/conftest.py refuses to
@@ -58,4 +63,4 @@ schema-snapshot: venv
 	$(BIN)/python -m allocator.local.schema_snapshot
 
 clean:
-	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis
+	rm -rf $(VENV) .mypy_cache .ruff_cache .pytest_cache .hypothesis .cache

@@ -253,7 +253,10 @@ class Leader:
 
 
 class ChaosCluster:
-    """One scenario's embedded cluster; ``with ChaosCluster(...) as chaos:``. See the rules."""
+    """One scenario's embedded cluster; ``with ChaosCluster(...) as chaos:``. See the rules.
+
+    ``migrate=False`` leaves the database without the schema (and so without the login
+    roles): the scenario migrates it itself, then :meth:`up` creates the roles."""
 
     def __init__(
         self,
@@ -263,8 +266,10 @@ class ChaosCluster:
         session_timeout_ms: int = SESSION_TIMEOUT_MS,
         node_env: Mapping[str, str] | None = None,
         pg_standby: bool = False,
+        migrate: bool = True,
     ) -> None:
         self._zk = zk
+        self._migrate = migrate
         self._pg_standby = pg_standby
         self._nodes = nodes
         self.session_timeout_ms = session_timeout_ms
@@ -292,7 +297,7 @@ class ChaosCluster:
             pg_standby=self._pg_standby,
         )
         try:
-            self._remember(self.manager.up(migrate=True, nodes=self._nodes))
+            self._remember(self.manager.up(migrate=self._migrate, nodes=self._nodes))
         except BaseException:
             self._teardown(failed=True)
             raise
@@ -414,6 +419,14 @@ class ChaosCluster:
             row = conn.execute("SELECT epoch, holder FROM allocator.fence").fetchone()
         assert row is not None
         return int(row[0]), row[1]
+
+    def schema_revision(self) -> str | None:
+        """The schema's Alembic revision (None: no schema yet)."""
+        with self._connect() as conn:
+            if conn.execute("SELECT to_regclass('public.alembic_version')").fetchone() == (None,):
+                return None
+            row = conn.execute("SELECT version_num FROM public.alembic_version").fetchone()
+        return None if row is None else str(row[0])
 
     def available_blocks(self) -> int:
         with self._connect() as conn:
