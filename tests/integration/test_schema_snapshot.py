@@ -9,10 +9,11 @@ roles, which are the cluster's and not the database's, are compared as the file 
 from __future__ import annotations
 
 import difflib
+from pathlib import Path
 
 import pytest
 
-from allocator.local import postgres, schema_snapshot
+from allocator.local import schema_snapshot
 from allocator.postgres import migrate
 
 pytestmark = pytest.mark.integration
@@ -45,13 +46,12 @@ def roles_of(snapshot: str) -> str:
 
 
 def test_a_database_loaded_from_the_snapshot_dumps_as_one_upgraded_from_base(
-    empty_db_url: str, second_empty_db_url: str
+    empty_db_url: str, second_empty_db_url: str, pg_bin_dir: Path
 ) -> None:
     migrate.upgrade_to_head(empty_db_url)
     schema_snapshot.load(second_empty_db_url, schema_snapshot.SNAPSHOT.read_text("utf-8"))
-    bin_dir = postgres.find_bin_dir()  # the cluster's server's own binaries
-    upgraded = schema_snapshot.pg_dump(bin_dir, empty_db_url)
-    loaded = schema_snapshot.pg_dump(bin_dir, second_empty_db_url)
+    upgraded = schema_snapshot.pg_dump(pg_bin_dir, empty_db_url)  # the server's own pg_dump
+    loaded = schema_snapshot.pg_dump(pg_bin_dir, second_empty_db_url)
     assert loaded == upgraded, stale("loaded from migrations/schema.sql", loaded, upgraded)
 
 

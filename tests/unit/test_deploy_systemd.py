@@ -319,3 +319,28 @@ def test_the_operator_shell_has_every_secret_the_node_unit_hands_over(page: Path
     for name, value in handed.items():
         assert exports.get(name) == loaded[value.removeprefix("%d/")], (page.name, name)
     assert exports["ALLOCATOR_CONFIG"] == "/etc/allocator/allocator.toml"
+
+
+def sql_statements(text: str) -> list[str]:
+    """The SQL statements of ``text`` without comments, ``SET``s, psql's ``\\`` commands and
+    ``PASSWORD`` clauses, whitespace collapsed: what a database's roles come out as."""
+    kept = (
+        line
+        for line in text.splitlines()
+        if not line.lstrip().startswith(("--", "\\")) and not line.startswith("SET ")
+    )
+    joined = re.sub(r"\s+PASSWORD '[^']*'", "", " ".join(kept))
+    return [" ".join(s.split()) for s in joined.split(";") if s.strip()]
+
+
+def test_the_readme_s_database_steps_are_the_guide_s_which_run_on_each_version() -> None:
+    """The README's superuser SQL makes the roles and the database exactly as docs/deploy.md's
+    block does; that block runs on PostgreSQL 15 (test_deploy_guide.py), 16 and 18
+    (test_postgres_versions.py), so these steps are tested there too."""
+    readme_blocks = re.findall(r"^```sql\n(.*?)^```$", README.read_text(), re.S | re.M)
+    (readme,) = (b for b in readme_blocks if "CREATE ROLE allocator_owner" in b)
+    guide_text = (ROOT / "docs" / "deploy.md").read_text()
+    heredocs = re.findall(r"<<SQL\n(.*?)^SQL$", guide_text, re.S | re.M)
+    (guide,) = (h for h in heredocs if "CREATE ROLE allocator_owner" in h)
+    assert "CREATE ROLE allocator_migrator LOGIN IN ROLE allocator_owner" in sql_statements(readme)
+    assert sql_statements(readme) == sql_statements(guide)
