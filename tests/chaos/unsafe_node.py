@@ -35,7 +35,7 @@ from datetime import UTC, datetime
 
 from allocator.commands.run import build_node, load, serve
 from allocator.core import cutter, logs
-from allocator.core.errors import DatabaseError, FencedError
+from allocator.core.errors import AllocatorError, DatabaseError, FencedError
 from allocator.core.leadership import Term
 from allocator.core.records import BlockAgeBound, ClockReading, CommitCheck, CutResult
 from allocator.fence import Token
@@ -75,7 +75,14 @@ class UnsafeLeaderJobs(LeaderJobs):
         ctx = self._ctx
         if ctx is not None:
             log.warning("unsafe_last_refill", epoch=ctx.term.epoch, note="TEST NODE")
-            refill.run(ctx)
+            try:
+                refill.run(ctx)
+            except AllocatorError as exc:
+                # The test waits for a write after the term, from this run or from the
+                # scheduled refill that woke with the node; this one may fail (a connection
+                # the server dropped while the node was paused). A failure must not turn the
+                # node's exit code into a crash (CI #29: exit 1 instead of 3, after a write).
+                log.warning("unsafe_last_refill_failed", error=str(exc), note="TEST NODE")
         return super().stop(timeout_s)
 
 
