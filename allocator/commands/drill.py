@@ -28,7 +28,7 @@ from allocator.core import verify
 from allocator.core.exits import Exit
 from allocator.drill import output, plan
 from allocator.drill.observe import DrillError
-from allocator.drill.scenarios import ALL, MIXED, SCENARIOS
+from allocator.drill.scenarios import ALL, MIXED, ROLLING_UPGRADE, SCENARIOS
 from allocator.local import nodes as nodes_mod
 from allocator.local.cluster import MAX_NODES
 
@@ -60,11 +60,12 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 )
 @click.option(
     "--scenario",
-    type=click.Choice([*SCENARIOS, MIXED, ALL]),
+    type=click.Choice([*SCENARIOS, MIXED, ALL, ROLLING_UPGRADE]),
     default="kill",
     show_envvar=True,
     help="Fault applied each round (`all`: each scenario in turn; `mixed`: a random, "
-    "seeded schedule of them, sometimes two at once).",
+    "seeded schedule of them, sometimes two at once; `rolling-upgrade`: a rolling upgrade "
+    "from --from-release, never part of `all`).",
 )
 @click.option(
     "--rounds",
@@ -72,6 +73,13 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
     default=20,
     show_envvar=True,
     help="Rounds per scenario (mixed: rounds in all).",
+)
+@click.option(
+    "--from-release",
+    default=None,
+    show_envvar=True,
+    help="rolling-upgrade: the release upgraded from, a folder with .venv/bin/allocator or a "
+    "git revision of this clone (built by scripts/build-release.sh into .cache/releases/).",
 )
 @click.option("--seed", type=int, default=None, show_envvar=True, help="Seed of the schedule.")
 @options.duration_option(
@@ -129,6 +137,7 @@ def _on_sigterm(signum: int, frame: FrameType | None) -> None:
 def drill(
     scenario: str,
     rounds: int,
+    from_release: str | None,
     seed: int | None,
     duration_s: float | None,
     nodes: int,
@@ -157,6 +166,7 @@ def drill(
         database_url=database_url,
         keep=keep,
         duration_s=duration_s,
+        from_release=from_release,
     )
     signal.signal(signal.SIGTERM, _on_sigterm)
     try:
@@ -183,6 +193,8 @@ def drill(
         for line in output.render_table(outcome.results):
             click.echo(line)
         for line in output.render_by_fault(outcome.results):
+            click.echo(line)
+        for line in output.render_upgrades(outcome.results):
             click.echo(line)
         found = output.render_violations(outcome.results)
         if found:

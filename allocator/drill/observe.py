@@ -20,6 +20,8 @@ from allocator.core import logs
 from allocator.core.errors import AllocatorError
 from allocator.drill import sql
 from allocator.local import nodes as nodes_mod
+from allocator.local.info import ClusterInfo
+from allocator.local.processes import is_pid_alive
 from allocator.zookeeper.election import Contender
 
 log = logs.get_logger(__name__)
@@ -275,3 +277,15 @@ def _size(path: Path) -> int:
         return path.stat().st_size
     except OSError:
         return 0
+
+
+def cluster_pids(info: ClusterInfo) -> list[int]:
+    """The processes of a local cluster: its servers, its supervisor and its nodes."""
+    pids = [s.pid for s in info.zk_servers] + [p.pid for p in info.pg_servers]
+    pids += [info.postgres.pid, info.supervisor_pid, *(n.pid for n in info.nodes)]
+    return sorted({p for p in pids if p is not None})
+
+
+def left_running(pids: Sequence[int]) -> list[int]:
+    """Those of ``pids`` still alive (after the cluster was stopped)."""
+    return [p for p in pids if is_pid_alive(p)]

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from allocator.core import files
+from allocator.drill import upgrade_judge
 from allocator.drill.results import ScenarioResult
 
 TABLE_COLUMNS: Final = (
@@ -94,6 +95,11 @@ def render_by_fault(results: Sequence[ScenarioResult]) -> list[str]:
                 f"{row['pool_empty']:>11}"
             )
     return lines
+
+
+def render_upgrades(results: Sequence[ScenarioResult]) -> list[str]:
+    """For a rolling upgrade: its schema revisions, handover and swaps; nothing otherwise."""
+    return [line for r in results if r.upgrade for line in upgrade_judge.render(r.upgrade)]
 
 
 def render_violations(results: Sequence[ScenarioResult]) -> list[str]:

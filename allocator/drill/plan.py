@@ -15,18 +15,25 @@ from typing import Any, Final
 
 from allocator import config as config_mod
 from allocator.core.errors import UsageError
-from allocator.drill import resources, schedule
+from allocator.drill import resources, schedule, upgrade
 from allocator.drill import scenarios as scenarios_mod
 from allocator.drill.links import Links
-from allocator.drill.observe import DrillError, running_pids
+from allocator.drill.observe import DrillError, cluster_pids, left_running, running_pids
 from allocator.drill.output import document, verdict
 from allocator.drill.results import ScenarioResult
 from allocator.drill.runner import Drill, Sources
-from allocator.drill.scenarios import LINKS, MIXED, SCENARIOS, STANDBY, Target, refusal
+from allocator.drill.scenarios import (
+    LINKS,
+    MIXED,
+    ROLLING_UPGRADE,
+    SCENARIOS,
+    STANDBY,
+    Target,
+    refusal,
+)
 from allocator.local import nodes as nodes_mod
 from allocator.local.cluster import LocalCluster
 from allocator.local.info import ClusterInfo
-from allocator.local.processes import is_pid_alive
 from allocator.local.record import DEFAULT_ZK_SERVERS
 from allocator.zookeeper import client as zkclient
 from allocator.zookeeper.election import read_contenders
@@ -62,6 +69,8 @@ class Request:
     database_url: str | None = None
     keep: bool = False
     duration_s: float | None = None
+    from_release: str | None = None
+    """The rolling upgrade's old release: a built release folder or a git revision."""
 
 
 @dataclass
@@ -103,6 +112,8 @@ def run(request: Request, progress: Progress) -> Outcome:
         raise UsageError("--against and --config name two clusters: give one")
     if request.duration_s is not None and request.config_path is not None:
         raise UsageError("a soak samples the nodes' processes: not with --config")
+    if request.scenario == ROLLING_UPGRADE or request.from_release is not None:
+        return _run_upgrade(request, progress)
     if request.config_path is not None:
         return _run_deployed(request, progress)
     if request.against is not None:
@@ -175,6 +186,41 @@ def _run_own(request: Request, progress: Progress) -> Outcome:
         stopped=stop, left_running=left_running(pids) if stop else []
     )
     return outcome
+
+
+def upgrade_refusal(request: Request) -> str | None:
+    """Why the request cannot run the rolling upgrade (None: it can). It needs the old
+    release, and a cluster of its own it starts, upgrades and stops."""
+    if request.scenario != ROLLING_UPGRADE:
+        return f"--from-release is for --scenario {ROLLING_UPGRADE} only"
+    if request.from_release is None:
+        return (
+            f"--scenario {ROLLING_UPGRADE} needs --from-release (a release folder with "
+            ".venv/bin/allocator, or a git revision scripts/build-release.sh builds)"
+        )
+    if request.against is not None or request.config_path is not None:
+        return f"{ROLLING_UPGRADE} runs on a cluster of its own: not with --against or --config"
+    if request.duration_s is not None or request.keep:
+        return f"{ROLLING_UPGRADE} is one run that stops what it started: no --duration or --keep"
+    return None
+
+
+def _run_upgrade(request: Request, progress: Progress) -> Outcome:
+    reason = upgrade_refusal(request)
+    if reason is not None:
+        raise UsageError(reason)
+    assert request.from_release is not None
+    done = upgrade.run(
+        upgrade.Request(
+            from_release=request.from_release,
+            state_dir=request.state_dir,
+            session_timeout_ms=request.session_timeout_ms,
+            zk_servers=request.zk_servers,
+            seed=request.seed,
+        ),
+        progress,
+    )
+    return Outcome(results=[done.scenario], document=done.document)
 
 
 def _run_against(request: Request, progress: Progress) -> Outcome:
@@ -283,14 +329,8 @@ def _local_sources(cluster: LocalCluster, info: ClusterInfo) -> Sources:
         zk_auth=info.zk_auth,
         pids=lambda _contenders: running_pids(state_dir, names),
         node_logs=tuple(n.log for n in info.nodes),
-        known_pids=tuple(_cluster_pids(info)),
+        known_pids=tuple(cluster_pids(info)),
     )
-
-
-def _cluster_pids(info: ClusterInfo) -> list[int]:
-    pids = [s.pid for s in info.zk_servers] + [p.pid for p in info.pg_servers]
-    pids += [info.postgres.pid, info.supervisor_pid, *(n.pid for n in info.nodes)]
-    return sorted({p for p in pids if p is not None})
 
 
 def _rng(request: Request) -> random.Random:
@@ -389,8 +429,3 @@ def _scenarios(
         progress(f"{name}: {request.rounds} rounds")
         results.append(drill.run(name, request.rounds))
     return results
-
-
-def left_running(pids: Sequence[int]) -> list[int]:
-    """Those of ``pids`` still alive (after the cluster was stopped)."""
-    return [p for p in pids if is_pid_alive(p)]

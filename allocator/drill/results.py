@@ -119,6 +119,8 @@ class ScenarioResult:
     leaderless_s: float = 0.0
     duration_s: float = 0.0
     seed: int | None = None
+    upgrade: dict[str, Any] | None = None
+    """A rolling upgrade's own figures (:func:`allocator.drill.upgrade_judge.summary`)."""
 
     @property
     def node_restarts(self) -> int:
@@ -159,7 +161,9 @@ class ScenarioResult:
         }
 
     def to_json(self) -> dict[str, Any]:
+        extra = {} if self.upgrade is None else {"upgrade": self.upgrade}
         return {
+            **extra,
             "scenario": self.scenario,
             "rounds": len(self.rounds),
             "violations": [v.to_json() for v in self.violations],

@@ -433,6 +433,9 @@ SCENARIOS: Final[dict[str, Scenario]] = {
 
 MIXED: Final = "mixed"
 ALL: Final = "all"
+ROLLING_UPGRADE: Final = "rolling-upgrade"
+"""Not a fault but a whole run of its own (:mod:`allocator.drill.upgrade`): asked for by name
+with ``--from-release``, never part of ``all`` or ``mixed``."""
 
 NEEDS_TEXT: Final = {
     SIGNALS: "signals to the node processes (a local cluster: --state-dir or --against)",
