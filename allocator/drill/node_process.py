@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Final
 
+from allocator.config import process_environment
 from allocator.local import nodes as nodes_mod
 
 STOP_TIMEOUT_S: Final = 15.0
@@ -40,7 +41,7 @@ class NodeProcess:
         with log_path.open("ab") as log:
             self._proc = subprocess.Popen(
                 list(command),
-                env={**nodes_mod.base_env(os.environ), **env},
+                env={**nodes_mod.base_env(process_environment()), **env},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -12,7 +12,6 @@ step-down. :mod:`allocator.drill.upgrade_judge` judges each step; the checker ju
 from __future__ import annotations
 
 import functools
-import os
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Final
 
+from allocator.config import process_environment
 from allocator.core.errors import DatabaseError
 from allocator.core.layout import Layout
 from allocator.core.verify import Violation
@@ -123,7 +123,7 @@ def _command(argv: Sequence[str], env: Mapping[str, str]) -> str:
     """Run an ``allocator`` command to its end; its stdout, or DrillError with its stderr."""
     done = subprocess.run(
         list(argv),
-        env={**nodes_mod.base_env(os.environ), **env},
+        env={**nodes_mod.base_env(process_environment()), **env},
         capture_output=True,
         text=True,
         timeout=COMMAND_TIMEOUT_S,
