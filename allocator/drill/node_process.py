@@ -70,11 +70,12 @@ class NodeProcess:
         return role if isinstance(role, str) else None
 
     def stop(self) -> int | None:
-        """SIGTERM, then SIGKILL to its process group after :data:`STOP_TIMEOUT_S`; its exit
-        code (0: it stopped cleanly)."""
+        """SIGTERM (and SIGCONT, for a paused one), then SIGKILL to its process group after
+        :data:`STOP_TIMEOUT_S`; its exit code (0: it stopped cleanly)."""
         if self._proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):
                 self._proc.send_signal(signal.SIGTERM)
+                self._proc.send_signal(signal.SIGCONT)
             try:
                 self._proc.wait(STOP_TIMEOUT_S)
             except subprocess.TimeoutExpired:

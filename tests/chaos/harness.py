@@ -40,7 +40,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
@@ -58,6 +57,7 @@ from allocator.config import load_config
 from allocator.core.layout import Layout
 from allocator.core.verify import Claim, LedgerRow, TermRow, Violation, WriteRow, summary
 from allocator.drill.consumers import Consumers
+from allocator.drill.node_process import NodeProcess
 from allocator.local import nodes as nodes_mod
 from allocator.local.cluster import LocalCluster
 from allocator.local.info import ClusterInfo, NodeInfo
@@ -81,7 +81,6 @@ WAIT_S = 30.0
 """Default deadline of a wait: generous, a wait normally ends in a few seconds."""
 POLL_S = 0.05
 DB_CONNECT_TIMEOUT_S = 3
-EXTRA_NODE_STOP_S = 15.0
 LOG_TAIL_LINES = 40
 SHOW_LOGS_ENV = "ALLOCATOR_CHAOS_SHOW_LOGS"
 """Set to 1 to print the nodes' logs after every scenario, not only failed ones (-rP)."""
@@ -185,7 +184,7 @@ def chaos_consumers(
 # -- node processes a scenario runs itself ---------------------------------------------------
 
 
-class ExtraNode:
+class ExtraNode(NodeProcess):
     """An ``allocator run`` process outside the supervisor, with an environment of its own
     (the supervisor gives every node the same): for a node built in ``tests/`` or a proxied
     ZooKeeper. Nobody restarts it; :meth:`stop` (always called by the cluster) ends it."""
@@ -198,46 +197,11 @@ class ExtraNode:
         cwd: Path,
         command: Sequence[str] | None = None,
     ) -> None:
-        self.name = name
-        self.log_path = log_path
-        self.admin_url = f"http://{env['ALLOCATOR_NODE_ADMIN_ADDRESS']}"
-        log_path.parent.mkdir(parents=True, exist_ok=True)
-        with log_path.open("ab") as log:
-            self._proc = subprocess.Popen(
-                list(command or nodes_mod.default_command()),
-                env={**nodes_mod.base_env(os.environ), **env},
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=cwd,
-                start_new_session=True,
-            )
-
-    @property
-    def pid(self) -> int:
-        return self._proc.pid
-
-    @property
-    def exit_code(self) -> int | None:
-        return self._proc.poll()
+        super().__init__(name, command or nodes_mod.default_command(), env, log_path, cwd)
 
     def signal(self, sig: signal.Signals) -> None:
         if self._proc.poll() is None:
             self._proc.send_signal(sig)
-
-    def stop(self) -> int | None:
-        """SIGTERM (+ SIGCONT for a paused one), SIGKILL to its group after a deadline."""
-        if self._proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                self._proc.send_signal(signal.SIGTERM)
-                self._proc.send_signal(signal.SIGCONT)
-            try:
-                self._proc.wait(EXTRA_NODE_STOP_S)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self._proc.pid, signal.SIGKILL)
-                self._proc.wait(EXTRA_NODE_STOP_S)
-        return self._proc.returncode
 
 
 # -- the cluster ------------------------------------------------------------------------------
