@@ -35,6 +35,7 @@ from allocator.node.exits import EXIT_CONFIG
 from allocator.node.pacing import Pacing
 from allocator.node.seams import NodeStore
 from allocator.node.signals import Signals
+from allocator.node.step_clock import StepClock
 from allocator.node.watermark import WatermarkKeeper
 from allocator.zookeeper.election import Election
 
@@ -97,10 +98,11 @@ class Candidacy:
         self._signals = signals
         self._pacing = pacing
 
-    def take(self, election: Election) -> Taken | int | None:
+    def take(self, election: Election, steps: StepClock | None = None) -> Taken | int | None:
         """The fence taken; or an exit code (a layout mismatch: 78); or None: not now (the
-        reason reported, the back-off done)."""
-        token = self._token(election)
+        reason reported, the back-off done). ``steps`` times the takeover's steps."""
+        steps = steps or StepClock()
+        token = self._token(election, steps)
         if token is None:
             self._signals.pause(self._pacing.blocked_retry_s)
             return None
@@ -115,8 +117,10 @@ class Candidacy:
             self._database_unreachable(election, "the last probe did not reach the database")
             return None
         watermark = self._watermark.read(election)
+        steps.lap("watermark_read")
         try:
             takeover = self._store.take_fence(token, self._name, self._host, self._pid, watermark)
+            steps.lap("fence_taken")
         except DatabaseBehindError as exc:
             assert watermark is not None
             held = fence.Token(exc.generation, exc.epoch)
@@ -159,12 +163,14 @@ class Candidacy:
         self._blockers.unblock()
         leave(election, self._name)
 
-    def _token(self, election: Election) -> fence.Token | None:
+    def _token(self, election: Election, steps: StepClock) -> fence.Token | None:
         """Our token, or None when the generation znode holds garbage (blocked: ``allocator
         fence rebase`` rewrites it)."""
         czxid = election.token()
+        steps.lap("own_znode_read")
         try:
             generation = election.fence.generation()
+            steps.lap("generation_read")
         except ValueError as exc:
             self._blockers.block(GENERATION_UNREADABLE, str(exc))
             return None

@@ -39,6 +39,7 @@ from allocator.node.seams import LeaderJobsPort, NodeStore, ZooKeeperFactory
 from allocator.node.session import ZooKeeperSession
 from allocator.node.session_record import SessionRecorder
 from allocator.node.signals import Signals
+from allocator.node.step_clock import StepClock
 from allocator.node.watermark import WatermarkKeeper
 from allocator.zookeeper import client as zkclient
 from allocator.zookeeper.calls import ZooKeeperCallTimeoutError
@@ -169,10 +170,9 @@ class Node:
         """Ask the run to stop (a signal handler, the admin server): it hands over and exits
         0.
         """
-        log.info("stop_requested", reason=reason)
-        self._signals.stop.set()
+        self._signals.ask(self._signals.stop)
         self._signals.interrupt.set()
-        self._signals.wake.set()
+        log.info("stop_requested", reason=reason)
 
     def request_step_down(self) -> bool:
         """Ask the leader to hand over; False when this node is not leading."""
@@ -347,9 +347,11 @@ class Node:
                     signals.role = "follower"
                 if not election.wait_until_first(signals.interrupt, self._pacing.recheck_s):
                     continue
-                taken = self._candidacy.take(election)
+                steps = StepClock(election.woken_at)
+                steps.lap("first_checked")
+                taken = self._candidacy.take(election, steps)
                 if isinstance(taken, Taken):
-                    code = self._leading.lead(election, taken.token, taken.takeover)
+                    code = self._leading.lead(election, taken.token, taken.takeover, steps)
                 else:
                     code = taken
                 if code is not None:
