@@ -7,6 +7,7 @@ SUSPENDED pauses it) are docs/design.md §4.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -222,7 +223,11 @@ class Leading:
             self._watermark.catch_up(election, term.token)
 
     def _end(self, term: Term, reason: TermEnd, election: Election) -> int | None:
-        """Everything a term's end asks, in order (:data:`~allocator.node.term_end.RULES`)."""
+        """Everything a term's end asks, in order (:data:`~allocator.node.term_end.RULES`).
+
+        Rule: the znode is deleted (``rule.leave``) only once the jobs stopped, the watermark
+        was flushed and the end was recorded: the successor's takeover, which follows the
+        delete at once, then finds both (docs/design.md §3)."""
         rule = RULES[reason]
         token = term.token
         asked = reason in (TermEnd.SHUTDOWN, TermEnd.STEPPED_DOWN)
@@ -238,14 +243,19 @@ class Leading:
             log.error("job_stop_timeout", name=self._name, token=str(token))
         steps.lap("jobs_stopped")
         self._metrics.leadership_ended()  # again: the run that was in flight may have set one
-        self._watermark.flush(election, token)
-        steps.lap("watermark_flushed")
+        # The watermark (ZooKeeper) and the term's end (the database) are independent
+        # writes: written side by side, and both done before the znode is deleted.
+        flushing = threading.Thread(
+            target=self._watermark.flush, args=(election, token), name="watermark-flush"
+        )
+        flushing.start()
         self._signals.role = rule.role_after
         self.term = None
         log.info("stepped_down", name=self._name, token=str(token), reason=reason.value)
         if rule.record_end:
             self._end_term(token, reason.value)
-        steps.lap("term_recorded")
+        flushing.join()
+        steps.lap("term_recorded_and_watermark_flushed")
         if rule.leave:
             leave(election, self._name)  # hands over at once; the others join at the back
         steps.lap("znode_deleted")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -170,9 +171,10 @@ class Node:
         """Ask the run to stop (a signal handler, the admin server): it hands over and exits
         0.
         """
-        self._signals.ask(self._signals.stop)
-        self._signals.interrupt.set()
+        asked_at = time.monotonic()  # a handover's profile starts here
         log.info("stop_requested", reason=reason)
+        self._signals.ask(self._signals.stop, asked_at)
+        self._signals.interrupt.set()
 
     def request_step_down(self) -> bool:
         """Ask the leader to hand over; False when this node is not leading."""

@@ -32,9 +32,10 @@ class Signals:
         """When a stop or a step-down was last asked (monotonic): a handover's profile
         starts there."""
 
-    def ask(self, event: threading.Event) -> None:
-        """Set ``stop`` or ``step_down`` and wake the leader's loop, noting when."""
-        self.asked_at = time.monotonic()
+    def ask(self, event: threading.Event, at: float | None = None) -> None:
+        """Set ``stop`` or ``step_down`` and wake the leader's loop, noting when it was asked
+        (``at``, monotonic; now when None)."""
+        self.asked_at = time.monotonic() if at is None else at
         event.set()
         self.wake.set()
 
