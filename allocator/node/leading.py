@@ -182,7 +182,7 @@ class Leading:
             ),
         )
         steps.lap("jobs_started")
-        steps.log("takeover_steps", name=self._name, epoch=token.epoch)
+        log.info("takeover_steps", name=self._name, epoch=token.epoch, **steps.fields())
         return term
 
     def _watch(self, term: Term, election: Election) -> TermEnd:
@@ -259,7 +259,7 @@ class Leading:
         if rule.leave:
             leave(election, self._name)  # hands over at once; the others join at the back
         steps.lap("znode_deleted")
-        steps.log("term_end_steps", name=self._name, reason=reason.value)
+        log.info("term_end_steps", name=self._name, reason=reason.value, **steps.fields())
         if not rule.exits:
             return None
         if reason is TermEnd.FENCED:

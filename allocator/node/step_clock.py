@@ -1,13 +1,9 @@
-"""Monotonic durations of a handover's steps, logged as one event (docs/capacity.md's
-handover profile comes from these events)."""
+"""Monotonic durations of a handover's steps, for one event (``term_end_steps``,
+``takeover_steps``: docs/drills.md, "Where a handover's time goes")."""
 
 from __future__ import annotations
 
 import time
-
-from allocator.core import logs
-
-log = logs.get_logger(__name__)
 
 
 class StepClock:
@@ -25,7 +21,6 @@ class StepClock:
         self._laps[f"{step}_ms"] = round((now - self._last) * 1000, 1)
         self._last = now
 
-    def log(self, event: str, **fields: object) -> None:
-        """One event with every lap and ``total_ms``."""
-        total = round((self._last - self._started) * 1000, 1)
-        log.info(event, **fields, **self._laps, total_ms=total)
+    def fields(self) -> dict[str, float]:
+        """Every lap (``<step>_ms``) and ``total_ms``: an event's fields."""
+        return {**self._laps, "total_ms": round((self._last - self._started) * 1000, 1)}
