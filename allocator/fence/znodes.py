@@ -31,6 +31,45 @@ class WatermarkRaceError(AllocatorError):
     """Others kept rewriting the watermark while we tried to raise it."""
 
 
+class FenceReads:
+    """The generation and the watermark, read after one sync (:meth:`FenceZnodes.start_reads`);
+    each answer is waited for when asked, with the same bounds and errors as
+    :meth:`FenceZnodes.generation` and :meth:`FenceZnodes.watermark`."""
+
+    def __init__(
+        self,
+        call_timeout_s: float,
+        sync: IAsyncResult,
+        generation: IAsyncResult,
+        watermark: IAsyncResult,
+    ) -> None:
+        self._call_timeout_s = call_timeout_s
+        self._sync = sync
+        self._generation = generation
+        self._watermark = watermark
+
+    def _answer(self, pending: IAsyncResult) -> bytes | None:
+        """The data read after the sync; None when the znode is absent."""
+        bounded(self._sync, self._call_timeout_s)
+        try:
+            data, _stat = bounded(pending, self._call_timeout_s)
+        except NoNodeError:
+            return None
+        return bytes(data)
+
+    def generation(self) -> int:
+        """As :meth:`FenceZnodes.generation` (``ValueError`` for a znode that is no
+        number)."""
+        data = self._answer(self._generation)
+        return 0 if data is None else fence.parse_generation(data)
+
+    def watermark(self) -> fence.Watermark | None:
+        """As :meth:`FenceZnodes.watermark` (``ValueError`` for a znode that is no
+        watermark)."""
+        data = self._answer(self._watermark)
+        return None if data is None else fence.Watermark.from_bytes(data)
+
+
 class FenceZnodes:
     """The generation and the watermark beside one election path, through one client, every
     call bounded by ``call_timeout_s`` (a node's: :class:`~allocator.zookeeper.election.
@@ -80,6 +119,18 @@ class FenceZnodes:
         except NoNodeError:
             return None
         return fence.Watermark.from_bytes(data)
+
+    def start_reads(self) -> FenceReads:
+        """A takeover's reads, sent at once: one sync, then the generation and the watermark.
+
+        A session's requests are answered in the order they were sent, so both reads follow
+        the sync, as in :meth:`generation` and :meth:`watermark`; pipelined, they cost one
+        round trip instead of four.
+        """
+        sync = self._client.sync_async(fence.generation_path(self._path))
+        generation = self._client.get_async(fence.generation_path(self._path))
+        watermark = self._client.get_async(fence.watermark_path(self._path))
+        return FenceReads(self._call_timeout_s, sync, generation, watermark)
 
     def raise_watermark(self, mark: fence.Watermark) -> fence.Watermark:
         """Raise the watermark to at least ``mark`` (never lower it); returns what it holds.

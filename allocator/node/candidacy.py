@@ -23,6 +23,7 @@ from allocator.core.errors import (
 )
 from allocator.core.health import NodeHealth
 from allocator.core.records import Takeover
+from allocator.fence.znodes import FenceReads
 from allocator.metrics import NodeMetrics
 from allocator.node.blockers import (
     DATABASE_BEHIND,
@@ -35,6 +36,7 @@ from allocator.node.exits import EXIT_CONFIG
 from allocator.node.pacing import Pacing
 from allocator.node.seams import NodeStore
 from allocator.node.signals import Signals
+from allocator.node.step_clock import StepClock
 from allocator.node.watermark import WatermarkKeeper
 from allocator.zookeeper.election import Election
 
@@ -97,10 +99,12 @@ class Candidacy:
         self._signals = signals
         self._pacing = pacing
 
-    def take(self, election: Election) -> Taken | int | None:
+    def take(self, election: Election, steps: StepClock | None = None) -> Taken | int | None:
         """The fence taken; or an exit code (a layout mismatch: 78); or None: not now (the
-        reason reported, the back-off done)."""
-        token = self._token(election)
+        reason reported, the back-off done). ``steps`` times the takeover's steps."""
+        steps = steps or StepClock()
+        reads = election.fence.start_reads()  # in flight while our own znode is read
+        token = self._token(election, reads, steps)
         if token is None:
             self._signals.pause(self._pacing.blocked_retry_s)
             return None
@@ -114,9 +118,11 @@ class Candidacy:
             # The probe already failed: a takeover would only wait out the dead path.
             self._database_unreachable(election, "the last probe did not reach the database")
             return None
-        watermark = self._watermark.read(election)
+        watermark = self._watermark.read(election, reads)
+        steps.lap("watermark_read")
         try:
             takeover = self._store.take_fence(token, self._name, self._host, self._pid, watermark)
+            steps.lap("fence_taken")
         except DatabaseBehindError as exc:
             assert watermark is not None
             held = fence.Token(exc.generation, exc.epoch)
@@ -159,12 +165,14 @@ class Candidacy:
         self._blockers.unblock()
         leave(election, self._name)
 
-    def _token(self, election: Election) -> fence.Token | None:
+    def _token(self, election: Election, reads: FenceReads, steps: StepClock) -> fence.Token | None:
         """Our token, or None when the generation znode holds garbage (blocked: ``allocator
         fence rebase`` rewrites it)."""
         czxid = election.token()
+        steps.lap("own_znode_read")
         try:
-            generation = election.fence.generation()
+            generation = reads.generation()
+            steps.lap("generation_read")
         except ValueError as exc:
             self._blockers.block(GENERATION_UNREADABLE, str(exc))
             return None

@@ -7,6 +7,7 @@ SUSPENDED pauses it) are docs/design.md §4.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -26,6 +27,7 @@ from allocator.node.pacing import Pacing
 from allocator.node.pool_watch import PoolWatch
 from allocator.node.seams import LeaderHooks, LeaderJobsPort, NodeStore
 from allocator.node.signals import Signals
+from allocator.node.step_clock import StepClock
 from allocator.node.term_end import RULES, TermEnd
 from allocator.node.watermark import WatermarkKeeper
 from allocator.zookeeper.calls import ZooKeeperCallTimeoutError
@@ -91,8 +93,7 @@ class Leading:
         term = self.term
         if term is None or term.ended:
             return False
-        self._signals.step_down.set()
-        self._signals.wake.set()
+        self._signals.ask(self._signals.step_down)
         return True
 
     def pause_term(self) -> None:
@@ -121,13 +122,22 @@ class Leading:
 
     # -- the term -------------------------------------------------------------------------
 
-    def lead(self, election: Election, token: fence.Token, takeover: Takeover) -> int | None:
-        """Lead until the term ends; an exit code when the node must stop, else None."""
-        term = self._begin(token, takeover, election)
+    def lead(
+        self,
+        election: Election,
+        token: fence.Token,
+        takeover: Takeover,
+        steps: StepClock | None = None,
+    ) -> int | None:
+        """Lead until the term ends; an exit code when the node must stop, else None.
+        ``steps`` times the takeover's steps, logged once the jobs started."""
+        term = self._begin(token, takeover, election, steps or StepClock())
         reason = self._watch(term, election)
         return self._end(term, reason, election)
 
-    def _begin(self, token: fence.Token, takeover: Takeover, election: Election) -> Term:
+    def _begin(
+        self, token: fence.Token, takeover: Takeover, election: Election, steps: StepClock
+    ) -> Term:
         """Start a term on a committed takeover: activate it, raise the watermark, start the
         jobs.
         """
@@ -154,9 +164,12 @@ class Leading:
             high_water_id=takeover.high_water_id,
         )
         log.info("fence_taken", name=self._name, token=str(token))
+        steps.lap("term_begun")
         self._check_clock()  # one probe, so the first refill knows where it stands
+        steps.lap("clock_probed")
         self._watermark.forget_cuts()
         self._watermark.raise_to(election, fence.Watermark(token, takeover.high_water_id))
+        steps.lap("watermark_raised")
         self._jobs.start(
             term,
             LeaderHooks(
@@ -168,6 +181,8 @@ class Leading:
                 pool_read=self._pool_watch.observe,
             ),
         )
+        steps.lap("jobs_started")
+        log.info("takeover_steps", name=self._name, epoch=token.epoch, **steps.fields())
         return term
 
     def _watch(self, term: Term, election: Election) -> TermEnd:
@@ -208,9 +223,16 @@ class Leading:
             self._watermark.catch_up(election, term.token)
 
     def _end(self, term: Term, reason: TermEnd, election: Election) -> int | None:
-        """Everything a term's end asks, in order (:data:`~allocator.node.term_end.RULES`)."""
+        """Everything a term's end asks, in order (:data:`~allocator.node.term_end.RULES`).
+
+        Rule: the znode is deleted (``rule.leave``) only once the jobs stopped, the watermark
+        was flushed and the end was recorded: the successor's takeover, which follows the
+        delete at once, then finds both (docs/design.md §3)."""
         rule = RULES[reason]
         token = term.token
+        asked = reason in (TermEnd.SHUTDOWN, TermEnd.STEPPED_DOWN)
+        steps = StepClock(self._signals.asked_at if asked else None)
+        steps.lap("noticed")
         term.end(reason.value)
         if rule.leave_first:
             leave(election, self._name)
@@ -219,15 +241,25 @@ class Leading:
         self._health.term_ended()
         if not self._jobs.stop(self._pacing.job_stop_timeout_s):
             log.error("job_stop_timeout", name=self._name, token=str(token))
+        steps.lap("jobs_stopped")
         self._metrics.leadership_ended()  # again: the run that was in flight may have set one
-        self._watermark.flush(election, token)
+        # The watermark (ZooKeeper) and the term's end (the database) are independent
+        # writes: written side by side, and both done before the znode is deleted.
+        flushing = threading.Thread(
+            target=self._watermark.flush, args=(election, token), name="watermark-flush"
+        )
+        flushing.start()
         self._signals.role = rule.role_after
         self.term = None
         log.info("stepped_down", name=self._name, token=str(token), reason=reason.value)
         if rule.record_end:
             self._end_term(token, reason.value)
+        flushing.join()
+        steps.lap("term_recorded_and_watermark_flushed")
         if rule.leave:
             leave(election, self._name)  # hands over at once; the others join at the back
+        steps.lap("znode_deleted")
+        log.info("term_end_steps", name=self._name, reason=reason.value, **steps.fields())
         if not rule.exits:
             return None
         if reason is TermEnd.FENCED:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -39,6 +40,7 @@ from allocator.node.seams import LeaderJobsPort, NodeStore, ZooKeeperFactory
 from allocator.node.session import ZooKeeperSession
 from allocator.node.session_record import SessionRecorder
 from allocator.node.signals import Signals
+from allocator.node.step_clock import StepClock
 from allocator.node.watermark import WatermarkKeeper
 from allocator.zookeeper import client as zkclient
 from allocator.zookeeper.calls import ZooKeeperCallTimeoutError
@@ -169,10 +171,10 @@ class Node:
         """Ask the run to stop (a signal handler, the admin server): it hands over and exits
         0.
         """
+        asked_at = time.monotonic()  # a handover's profile starts here
         log.info("stop_requested", reason=reason)
-        self._signals.stop.set()
+        self._signals.ask(self._signals.stop, asked_at)
         self._signals.interrupt.set()
-        self._signals.wake.set()
 
     def request_step_down(self) -> bool:
         """Ask the leader to hand over; False when this node is not leading."""
@@ -347,9 +349,11 @@ class Node:
                     signals.role = "follower"
                 if not election.wait_until_first(signals.interrupt, self._pacing.recheck_s):
                     continue
-                taken = self._candidacy.take(election)
+                steps = StepClock(election.woken_at)
+                steps.lap("first_checked")
+                taken = self._candidacy.take(election, steps)
                 if isinstance(taken, Taken):
-                    code = self._leading.lead(election, taken.token, taken.takeover)
+                    code = self._leading.lead(election, taken.token, taken.takeover, steps)
                 else:
                     code = taken
                 if code is not None:

@@ -28,6 +28,16 @@ class Signals:
         """starting, follower, blocked, leader or stopping (``/status``)."""
         self.since = time.time()
         """When the node last became leader (or started)."""
+        self.asked_at: float | None = None
+        """When a stop or a step-down was last asked (monotonic): a handover's profile
+        starts there."""
+
+    def ask(self, event: threading.Event, at: float | None = None) -> None:
+        """Set ``stop`` or ``step_down`` and wake the leader's loop, noting when it was asked
+        (``at``, monotonic; now when None)."""
+        self.asked_at = time.monotonic() if at is None else at
+        event.set()
+        self.wake.set()
 
     def pause(self, seconds: float) -> None:
         """A back-off that ends early on a stop request or a session loss."""

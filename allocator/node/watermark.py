@@ -10,6 +10,7 @@ from kazoo.exceptions import KazooException
 from allocator import fence
 from allocator.core import logs
 from allocator.core.errors import AllocatorError
+from allocator.fence.znodes import FenceReads
 from allocator.node.blockers import Blockers
 from allocator.zookeeper.election import Election
 
@@ -35,11 +36,11 @@ class WatermarkKeeper:
         self.last: fence.Watermark | None = None
         """ZooKeeper's watermark as this node last read or raised it."""
 
-    def read(self, election: Election) -> fence.Watermark | None:
-        """The watermark for a takeover's comparison; one that does not parse is reported
-        and ignored (it cannot make a node refuse to lead)."""
+    def read(self, election: Election, reads: FenceReads | None = None) -> fence.Watermark | None:
+        """The watermark for a takeover's comparison (from ``reads`` when sent already); one
+        that does not parse is reported and ignored (it cannot make a node refuse to lead)."""
         try:
-            copy = election.fence.watermark()
+            copy = election.fence.watermark() if reads is None else reads.watermark()
         except ValueError as exc:
             log.error("watermark_unreadable", name=self._name, error=str(exc), note="ignored")
             copy = None

@@ -10,6 +10,7 @@ import contextlib
 import json
 import re
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -249,6 +250,9 @@ class Election:
         """The fence's znodes beside this election path, through the same client."""
         self.wakeups = 0
         """Times a predecessor watch woke us (herd-effect check and a metric)."""
+        self.woken_at: float | None = None
+        """When a predecessor watch last woke :meth:`wait_until_first` (monotonic); None
+        when the last wait found us first without one."""
 
     @property
     def path(self) -> str:
@@ -317,6 +321,7 @@ class Election:
         watched = ""
         woken = threading.Event()
         watcher = _setter(woken)
+        self.woken_at = None
         while not stop.is_set():
             predecessor = self._predecessor()
             if predecessor is None:
@@ -329,6 +334,7 @@ class Election:
                 woken.wait(recheck_s)
             if woken.is_set():
                 self.wakeups += 1
+                self.woken_at = time.monotonic()
                 watched = ""
         return False
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
 from kazoo.protocol.states import KazooState
 
 from allocator import fence
@@ -390,3 +391,34 @@ def test_a_stepped_down_term_is_recorded_and_hands_over() -> None:
     assert led.recorded_end() == TermEnd.STEPPED_DOWN.value
     assert led.election.znode is None  # left: the next contender takes over at once
     assert led.signals.role == "follower"
+
+
+def test_a_term_end_deletes_the_znode_only_once_the_end_is_recorded_and_the_watermark_flushed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    led = Led()
+    led.jobs.hooks.cut_recorded(500)  # a cut the watermark's rate limit held back
+    seen: list[tuple[str | None, fence.Watermark | None]] = []
+    delete = led.election.leave
+
+    def leave() -> None:
+        seen.append((led.recorded_end(), led.election.fence.watermark()))
+        delete()
+
+    monkeypatch.setattr(led.election, "leave", leave)
+    assert led.leading.request_step_down()
+    assert led.ended() is None
+    assert led.jobs.stops == 1
+    assert seen == [(TermEnd.STEPPED_DOWN.value, fence.Watermark(led.token, 500))]
+    assert led.election.znode is None
+
+
+def test_a_takeovers_pipelined_reads_give_what_the_single_reads_give() -> None:
+    election = joined(FakeEnsemble())
+    reads = election.fence.start_reads()
+    assert (reads.generation(), reads.watermark()) == (0, None)  # neither znode yet
+    mark = fence.Watermark(fence.Token(0, 7), 100)
+    election.fence.raise_watermark(mark)
+    reads = election.fence.start_reads()
+    assert reads.generation() == election.fence.generation() == 0
+    assert reads.watermark() == election.fence.watermark() == mark
