@@ -85,6 +85,20 @@ def _refuse_behind(row: tuple[Any, ...] | None, watermark: Watermark) -> None:
         )
 
 
+def _refuse_behind_takeover(takeover: Takeover, watermark: Watermark) -> None:
+    """Raise :class:`DatabaseBehindError` if the fence ``takeover`` replaced, or the mark it
+    found, lies below ``watermark``."""
+    held = Token(takeover.previous_generation, takeover.previous_epoch)
+    reason = database_behind(held, takeover.high_water_id, watermark)
+    if reason is not None:
+        raise DatabaseBehindError(
+            reason,
+            generation=held.generation,
+            epoch=held.epoch,
+            high_water_id=takeover.high_water_id,
+        )
+
+
 def _check_before_commit(what: str, commit_if: CommitCheck | None) -> None:
     """Raise :class:`WriteAbandonedError` when ``commit_if`` says leadership came into doubt
     (I6): the write rolls back instead of committing.
@@ -316,13 +330,14 @@ class NodeDatabase:
     ) -> Takeover:
         """Move the fence to ``token`` (which must be newer) and record the term.
 
-        With ``watermark`` (ZooKeeper's, as the node read it), the database is first
-        compared with it in the same transaction: a database below it
-        (:func:`allocator.fence.database_behind`) raises :class:`DatabaseBehindError` and
-        nothing is written. So no takeover happens without a completed comparison: a
-        comparison that cannot be made is a takeover that cannot be made. (The fence and the
-        mark only move forward, so a database not behind at the read is not behind at the
-        takeover.)
+        With ``watermark`` (ZooKeeper's, as the node read it), the database is compared with
+        it before the transaction commits, on what ``take_fence`` returns (the token it
+        replaced and the mark, read under the fence row's lock): a database below it
+        (:func:`allocator.fence.database_behind`) raises :class:`DatabaseBehindError` and the
+        transaction rolls back, so nothing is written. No takeover commits without a
+        completed comparison: a comparison that cannot be made is a takeover that cannot be
+        made. (Not a read of ``pool_status`` first: that view counts the whole pool, the
+        largest step of a planned handover.)
 
         Unlike the fenced writes, it must wait for a write already in flight: its
         ``lock_timeout`` is ``takeover_lock_timeout_ms`` (default: the statement timeout).
@@ -346,9 +361,9 @@ class NodeDatabase:
             cursor.execute(
                 sql.SET_LOCAL_LOCK_TIMEOUT, {"lock_timeout": str(self._takeover_lock_timeout_ms)}
             )
-            if watermark is not None:
-                _refuse_behind(conn.execute(sql.FENCE_AND_HIGH_WATER).fetchone(), watermark)
             row = cursor.execute(sql.TAKE_FENCE, params).fetchone()
+            if row is not None and watermark is not None:
+                _refuse_behind_takeover(row, watermark)  # raised here: rolled back
         if row is None:
             raise DatabaseError(f"{what}: the database returned no row")
         return row
