@@ -79,6 +79,13 @@ def test_bench_sustained_json(state_dir: Path, tmp_path: Path) -> None:
         ("claim_blocks", 1),
         ("durable_commit", 1),
     }
+    for watched in document["burst_evidence"]:  # each burst run watched as a sustained one
+        assert (watched["method"], watched["clients"]) in {
+            ("claim_blocks", 1),
+            ("durable_commit", 1),
+        }
+        assert watched.keys() >= {"wal", "standby", "cpu", "wait_events", "other_xacts_per_s"}
+        assert watched["standby"]["sync_samples"] == watched["standby"]["samples"]
     (ratio,) = document["ratios"]
     assert ratio["clients"] == 1
     assert isinstance(ratio["vs_burst"], float)

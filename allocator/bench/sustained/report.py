@@ -23,6 +23,7 @@ def document(
     plan: Plan,
     sustained: list[dict[str, Any]],
     burst: list[Result],
+    burst_evidence: list[dict[str, Any]],
     *,
     standby: dict[str, Any],
     template: dict[str, Any],
@@ -32,10 +33,12 @@ def document(
     took_s: float,
     machine: dict[str, Any],
 ) -> dict[str, Any]:
-    """The run's JSON: ``sustained`` and ``burst`` rows, ``ratios`` per client count."""
+    """The run's JSON: ``sustained`` and ``burst`` rows, the burst runs' evidence (watched
+    as the sustained runs are), ``ratios`` per client count."""
     return {
         "sustained": sustained,
         "burst": [asdict(r) for r in burst],
+        "burst_evidence": burst_evidence,
         "ratios": ratios(sustained, burst),
         "plan": {
             "clients": list(plan.clients),
@@ -103,7 +106,7 @@ def table(document: dict[str, Any]) -> Iterator[str]:
     yield ""
     yield (
         f"{'clients':>7} {'claims/s':>9} {'IDs/s':>13} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'p99.9':>7} {'pool min/med/last':>19} {'cut/s':>8} {'AL003':>5} "
+        f"{'p99.9':>7} {'pool min/med/last':>21} {'cut/s':>8} {'AL003':>5} "
         f"{'burst/s':>9} {'durable/s':>9} {'vs burst':>8} {'vs dur.':>8}"
     )
     burst = document["burst"]
@@ -116,7 +119,7 @@ def table(document: dict[str, Any]) -> Iterator[str]:
         )
         yield (
             f"{run['clients']:>7} {run['claims_per_s']:>9,.0f} {run['ids_per_s']:>13,} "
-            f"{run['p50_ms']:>7.2f} {run['p99_ms']:>7.2f} {run['p999_ms']:>7.2f} {level:>19} "
+            f"{run['p50_ms']:>7.2f} {run['p99_ms']:>7.2f} {run['p999_ms']:>7.2f} {level:>21} "
             f"{_num(pool.get('cut_blocks_per_s')):>8} {run['claim_errors']['pool_empty']:>5} "
             f"{_num(b and b['claims_per_s']):>9} {_num(d and d['claims_per_s']):>9} "
             f"{_x(ratio['vs_burst']):>8} {_x(ratio['vs_durable_commit']):>8}"
@@ -134,13 +137,34 @@ def table(document: dict[str, Any]) -> Iterator[str]:
     yield ""
     yield "what limited each sustained run:"
     for run in document["sustained"]:
-        yield from _limits(run)
+        burst_run = next(
+            (
+                b
+                for b in document["burst_evidence"]
+                if b["method"] == "claim_blocks" and b["clients"] == run["clients"]
+            ),
+            None,
+        )
+        yield from _limits(run, burst_run)
 
 
-def _limits(run: dict[str, Any]) -> Iterator[str]:
-    wal, lag, cutter, cpu = run["wal"], run["standby"], run["cutter"], run["cpu"]
+def _limits(run: dict[str, Any], burst: dict[str, Any] | None) -> Iterator[str]:
+    cutter = run["cutter"]
+    yield f"  {run['clients']} client(s), sustained:"
+    yield (
+        f"    cutter: cut {_num(cutter['cut_blocks_per_s'])} blocks/s for "
+        f"{_num(cutter['claimed_blocks_per_s'])} claimed/s (x{_num(cutter['cut_over_claimed'])}); "
+        f"pool trend {_num(run['pool'].get('trend_blocks_per_s'))} blocks/s"
+    )
+    yield from _evidence(run)
+    if burst is not None:
+        yield f"  {run['clients']} client(s), burst claim_blocks (same server, for comparison):"
+        yield from _evidence(burst)
+
+
+def _evidence(found: dict[str, Any]) -> Iterator[str]:
+    wal, lag, cpu = found["wal"], found["standby"], found["cpu"]
     flush = lag.get("flush_lag_ms") or {}
-    yield f"  {run['clients']} client(s):"
     yield (
         f"    WAL: {_num(wal['wal_bytes_per_claim'])} B, {_num(wal['wal_records_per_claim'])} "
         f"records, {_num(wal['wal_syncs_per_claim'])} flushes per claim "
@@ -151,13 +175,8 @@ def _limits(run: dict[str, Any]) -> Iterator[str]:
         f"{_num(flush.get('max'))} ms; sync in {lag['sync_samples']}/{lag['samples']} samples"
     )
     yield (
-        f"    cutter: cut {_num(cutter['cut_blocks_per_s'])} blocks/s for "
-        f"{_num(cutter['claimed_blocks_per_s'])} claimed/s (x{_num(cutter['cut_over_claimed'])}); "
-        f"pool trend {_num(run['pool'].get('trend_blocks_per_s'))} blocks/s"
-    )
-    yield (
         "    other transactions on the allocator database (the nodes): "
-        f"{_num(run['other_xacts_per_s'])}/s"
+        f"{_num(found['other_xacts_per_s'])}/s"
     )
     top = sorted(cpu["share"].items(), key=lambda kv: -kv[1])
     yield (
@@ -166,9 +185,7 @@ def _limits(run: dict[str, Any]) -> Iterator[str]:
         f"{_pct(cpu['not_the_bench_share'])}): "
         + ", ".join(f"{k} {_pct(v)}" for k, v in top if v >= 0.005)
     )
-    waits = [
-        w for w in run["wait_events"] if w["who"] in ("claims", "nodes", "walwriter", "walsender")
-    ]
+    waits = [w for w in found["wait_events"] if w["what"] != "idle"]
     yield "    sessions by wait (mean per sample): " + ", ".join(
         f"{w['who']} {w['what']} {w['mean_sessions']:g}" for w in waits[:8]
     )

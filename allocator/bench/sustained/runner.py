@@ -10,7 +10,6 @@ timings are reported, never judged (docs/design.md §9).
 from __future__ import annotations
 
 import os
-import resource
 import time
 from pathlib import Path
 from typing import Any
@@ -33,11 +32,10 @@ from allocator.bench.server import (
     server_settings,
 )
 from allocator.bench.sustained import evidence, queries, report
-from allocator.bench.sustained.cpu import CpuMeter, Roots, machine_busy_s, shares
+from allocator.bench.sustained.cpu import Roots
 from allocator.bench.sustained.plan import NODES, Plan
-from allocator.bench.sustained.sampler import Sampler
+from allocator.bench.sustained.watch import Watch
 from allocator.config.sections import PoolConfig
-from allocator.local import postgres
 from allocator.local.info import ClusterInfo
 
 POOL_FULL_BLOCKS = int(PoolConfig.model_fields["min_blocks"].default)
@@ -62,7 +60,9 @@ def run(plan: Plan, state_dir: Path, keep: bool) -> dict[str, Any]:
         started = time.monotonic()
         try:
             sustained = [_sustained(server, info, plan, clients, roots) for clients in plan.clients]
-            burst, template = _burst(server, plan) if plan.burst else ([], {})
+            burst, burst_evidence, template = (
+                _burst(server, info, plan, roots) if plan.burst else ([], [], {})
+            )
             with admin(server) as conn:
                 standby_after = evidence.standby_state(conn)
         except psycopg.Error as exc:
@@ -72,6 +72,7 @@ def run(plan: Plan, state_dir: Path, keep: bool) -> dict[str, Any]:
         plan,
         sustained,
         burst,
+        burst_evidence,
         standby={"before": standby, "after": standby_after},
         template=template,
         settings=settings,
@@ -96,20 +97,13 @@ def _sustained(
     server: Server, info: ClusterInfo, plan: Plan, clients: int, roots: Roots
 ) -> dict[str, Any]:
     """One sustained run: pgbench claims ``claim_blocks('bench', batch)`` as the consumer on
-    the allocator's own database for ``plan.seconds`` while the nodes refill, watched by a
-    :class:`Sampler`, between two reads of the server's counters."""
+    the allocator's own database for ``plan.seconds`` while the nodes refill, watched
+    (:class:`Watch`)."""
     wait_for_pool(info.consumer_database_url, POOL_FULL_BLOCKS)
     kit.progress(f"sustained: {clients} client(s), batch {plan.batch}, {plan.seconds:g} s")
-    admin_url = server.url("postgres")
     with psycopg.connect(info.database_url, autocommit=True) as conn:
         size = conn.execute(queries.BLOCK_SIZE).fetchone()
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        before = evidence.counters(conn, postgres.DATABASE)
-    cpu = CpuMeter(roots)
-    sampler = Sampler(admin_url, info.database_url, plan, cpu)
-    busy_before, self_before = machine_busy_s(), _self_cpu_s()
-    sampler.start()
-    try:
+    with Watch(server, info.database_url, plan, roots) as watch:
         outcome = run_pgbench(
             server,
             info.consumer_database_url,
@@ -118,23 +112,11 @@ def _sustained(
             seconds=plan.seconds,
             defines={"batch": plan.batch},
         )
-    finally:
-        sampler.stop()
-    if sampler.error is not None:
-        raise BenchError(f"the sampler failed: {sampler.error}") from sampler.error
-    span = sampler.span_s()
-    busy_after, self_after = machine_busy_s(), _self_cpu_s()
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        delta = evidence.deltas(before, evidence.counters(conn, postgres.DATABASE))
     pool_empty, aborted = _errors(outcome.stderr)
     lat = outcome.latencies_us
     ids_per_claim = plan.batch * (int(size[0]) if size else 0)
-    pool = sampler.pool_summary()
+    pool = watch.sampler.pool_summary()
     claims = outcome.transactions
-    other_xacts = delta["database"]["xact_commit"] - claims - sampler.pool_reads
-    cpu_s = {**cpu.by_role(), "pgbench": outcome.cpu_s, "bench": round(self_after - self_before, 2)}
-    busy = busy_after[0] - busy_before[0]
-    total = busy_after[1] - busy_before[1]
     return {
         "clients": clients,
         "batch": plan.batch,
@@ -158,28 +140,19 @@ def _sustained(
                 pool.get("cut_blocks_per_s"), pool.get("claimed_blocks_per_s")
             ),
         },
-        "standby": sampler.lag_summary(),
-        "wal": {**evidence.per_claim(delta, claims, span), "delta": delta["wal"]},
-        "checkpoints": delta["checkpoints"],
-        "database": delta["database"],
-        "other_xacts_per_s": round(other_xacts / span, 1) if span else None,
-        "cpu": {
-            "span_s": round(span, 2),
-            "seconds": cpu_s,
-            "share": shares(cpu_s, span, ()),
-            "machine_busy_share": round(busy / total, 3) if total else None,
-            "not_the_bench_share": _not_ours(busy, total, cpu_s),
-        },
-        "wait_events": sampler.wait_events(),
-        "wait_samples": sampler.wait_samples,
-        "series": {"pool": sampler.pool, "standby": sampler.replication},
+        **watch.evidence(claims, claims, outcome.cpu_s),
+        "series": {"pool": watch.sampler.pool, "standby": watch.sampler.replication},
     }
 
 
-def _burst(server: Server, plan: Plan) -> tuple[list[Result], dict[str, Any]]:
+def _burst(
+    server: Server, info: ClusterInfo, plan: Plan, roots: Roots
+) -> tuple[list[Result], list[dict[str, Any]], dict[str, Any]]:
     """``allocator bench claims``'s measure of ``claim_blocks`` and of the reference at every
-    client count, each from a fresh clone of a template stocked once, on this server."""
+    client count, each from a fresh clone of a template stocked once, on this server, each
+    watched as a sustained run is (its evidence, for the comparison)."""
     results: list[Result] = []
+    watched: list[dict[str, Any]] = []
     template = build_template(
         server, auto_pool_blocks(plan.burst_seconds, plan.batch), kit.progress
     )
@@ -187,13 +160,17 @@ def _burst(server: Server, plan: Plan) -> tuple[list[Result], dict[str, Any]]:
         for clients in plan.clients:
             for method, batch in (("claim_blocks", plan.batch), (REFERENCE, 1)):
                 kit.progress(f"burst {method}: {clients} client(s), {plan.burst_seconds:g} s")
-                with fresh_database(server) as database:
-                    results.append(
-                        measure(server, database, method, clients, batch, plan.burst_seconds)
-                    )
+                with (
+                    fresh_database(server) as database,
+                    Watch(server, info.database_url, plan, roots) as watch,
+                ):
+                    row = measure(server, database, method, clients, batch, plan.burst_seconds)
+                results.append(row)
+                found = watch.evidence(row.claims, 0, 0.0)
+                watched.append({"method": method, "clients": clients, **found})
     finally:
         drop_database(server, TEMPLATE_DB)
-    return results, template
+    return results, watched, template
 
 
 def _errors(stderr: str) -> tuple[int, int]:
@@ -204,17 +181,6 @@ def _errors(stderr: str) -> tuple[int, int]:
     if len(lines) > empty:
         raise BenchError("pgbench: a client aborted: " + " | ".join(lines[-3:]))
     return empty, len(lines)
-
-
-def _not_ours(busy: float, total: float, cpu_s: dict[str, float]) -> float | None:
-    """The machine's busy share that no process of the run used (other work on a shared
-    machine): CPU the cluster could not have."""
-    return round(max(0.0, busy - sum(cpu_s.values())) / total, 3) if total else None
-
-
-def _self_cpu_s() -> float:
-    usage = resource.getrusage(resource.RUSAGE_SELF)
-    return usage.ru_utime + usage.ru_stime
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -130,7 +130,7 @@ class Sampler(threading.Thread):
         return {
             "samples": len(levels),
             "min_blocks": min(levels),
-            "median_blocks": statistics.median(levels),
+            "median_blocks": round(statistics.median(levels)),
             "first_blocks": levels[0],
             "last_blocks": levels[-1],
             "trend_blocks_per_s": round((levels[-1] - levels[0]) / span, 1) if span else 0.0,
