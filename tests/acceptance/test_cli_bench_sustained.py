@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from allocator.bench.sustained import report
 from allocator.local.cluster import LocalCluster
 from allocator.local.processes import is_pid_alive
 
@@ -65,6 +66,7 @@ def test_bench_sustained_json(state_dir: Path, tmp_path: Path) -> None:
     assert run["p999_ms"] >= run["p99_ms"] >= run["p50_ms"] >= 0
     assert run["claim_errors"] == {"pool_empty": 0, "aborted_clients": 0}
     assert run["pool_ran_dry"] is False
+    assert run["age_bound_in_force"] is True  # a serving leader keeps one
     assert run["pool"]["leader"] is not None
     assert run["pool"]["samples"] == len(run["series"]["pool"]) >= 2
     assert run["standby"]["samples"] >= 2
@@ -86,10 +88,15 @@ def test_bench_sustained_json(state_dir: Path, tmp_path: Path) -> None:
         }
         assert watched.keys() >= {"wal", "standby", "cpu", "wait_events", "other_xacts_per_s"}
         assert watched["standby"]["sync_samples"] == watched["standby"]["samples"]
+        assert watched["age_bound_in_force"] is False  # a clone no leader ever served
     (ratio,) = document["ratios"]
     assert ratio["clients"] == 1
     assert isinstance(ratio["vs_burst"], float)
     assert isinstance(ratio["vs_durable_commit"], float)
+
+    table = "\n".join(report.table(document))  # the table the command prints without --json
+    assert "SUSTAINED claims on a live 3-node cluster" in table
+    assert "burst claim_blocks (same server, for comparison)" in table
 
     cluster = document["cluster"]
     assert cluster["started"] is True

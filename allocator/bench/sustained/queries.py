@@ -10,6 +10,9 @@ POOL: Final = (
     "SELECT available_blocks, cut_position, claim_position, holder FROM allocator.pool_status"
 )
 BLOCK_SIZE: Final = "SELECT last_id - first_id + 1 FROM allocator.blocks LIMIT 1"
+AGE_BOUND: Final = "SELECT allocator.age_bound_id() IS NOT NULL"
+"""Whether ``claim_blocks`` takes its path with the age bound (migration 0011): a serving
+leader keeps one in force; a database no leader ever served (the burst's clone) has none."""
 SYNC_NAMES: Final = "SHOW synchronous_standby_names"
 SYNC_COMMIT: Final = "SHOW synchronous_commit"
 REPLICATION: Final = """

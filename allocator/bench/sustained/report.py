@@ -166,6 +166,11 @@ def _evidence(found: dict[str, Any]) -> Iterator[str]:
     wal, lag, cpu = found["wal"], found["standby"], found["cpu"]
     flush = lag.get("flush_lag_ms") or {}
     yield (
+        "    claim path: "
+        + ("with the age bound in force" if found["age_bound_in_force"] else "no age bound")
+        + " (migration 0011)"
+    )
+    yield (
         f"    WAL: {_num(wal['wal_bytes_per_claim'])} B, {_num(wal['wal_records_per_claim'])} "
         f"records, {_num(wal['wal_syncs_per_claim'])} flushes per claim "
         f"({_num(wal['claims_per_wal_sync'])} claims per flush), {wal['checkpoints']} checkpoint(s)"

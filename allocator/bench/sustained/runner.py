@@ -103,6 +103,7 @@ def _sustained(
     kit.progress(f"sustained: {clients} client(s), batch {plan.batch}, {plan.seconds:g} s")
     with psycopg.connect(info.database_url, autocommit=True) as conn:
         size = conn.execute(queries.BLOCK_SIZE).fetchone()
+        bound = _age_bound(conn)
     with Watch(server, info.database_url, plan, roots) as watch:
         outcome = run_pgbench(
             server,
@@ -130,6 +131,7 @@ def _sustained(
         "p99_ms": percentile_ms(lat, 0.99),
         "p999_ms": percentile_ms(lat, 0.999),
         "max_ms": percentile_ms(lat, 1.0),
+        "age_bound_in_force": bound,
         "claim_errors": {"pool_empty": pool_empty, "aborted_clients": aborted},
         "pool_ran_dry": pool_empty > 0 or pool.get("min_blocks") == 0,
         "pool": pool,
@@ -160,17 +162,25 @@ def _burst(
         for clients in plan.clients:
             for method, batch in (("claim_blocks", plan.batch), (REFERENCE, 1)):
                 kit.progress(f"burst {method}: {clients} client(s), {plan.burst_seconds:g} s")
-                with (
-                    fresh_database(server) as database,
-                    Watch(server, info.database_url, plan, roots) as watch,
-                ):
-                    row = measure(server, database, method, clients, batch, plan.burst_seconds)
+                with fresh_database(server) as database:
+                    with psycopg.connect(server.url(database), autocommit=True) as conn:
+                        bound = _age_bound(conn)
+                    with Watch(server, info.database_url, plan, roots) as watch:
+                        row = measure(server, database, method, clients, batch, plan.burst_seconds)
                 results.append(row)
-                found = watch.evidence(row.claims, 0, 0.0)
-                watched.append({"method": method, "clients": clients, **found})
+                pgbench_s = row.generator_cpu_share * plan.burst_seconds * (os.cpu_count() or 1)
+                found = watch.evidence(row.claims, 0, round(pgbench_s, 2))
+                watched.append(
+                    {"method": method, "clients": clients, "age_bound_in_force": bound, **found}
+                )
     finally:
         drop_database(server, TEMPLATE_DB)
     return results, watched, template
+
+
+def _age_bound(conn: psycopg.Connection[Any]) -> bool:
+    row = conn.execute(queries.AGE_BOUND).fetchone()
+    return bool(row and row[0])
 
 
 def _errors(stderr: str) -> tuple[int, int]:
