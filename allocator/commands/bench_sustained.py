@@ -51,6 +51,13 @@ DEFAULT_STATE_DIR = Path(".run/bench-sustained")
     help="Also measure a burst from a pre-filled pool and durable_commit, for the ratios.",
 )
 @click.option(
+    "--burst-age-bound/--no-burst-age-bound",
+    default=True,
+    show_envvar=True,
+    help="Give the burst's database a bound on an ID's age (none of its blocks older), so its "
+    "claims take a serving cluster's path (off: bench claims' path without a bound).",
+)
+@click.option(
     "--batch",
     type=click.IntRange(1, 1000),
     default=1,
@@ -64,6 +71,7 @@ def sustained(
     seconds: float,
     burst_seconds: float,
     burst: bool,
+    burst_age_bound: bool,
     batch: int,
     state_dir: Path,
     json_out: Path | None,
@@ -79,6 +87,7 @@ def sustained(
         burst_seconds=burst_seconds,
         batch=batch,
         burst=burst,
+        burst_age_bound=burst_age_bound,
     )
     out = json_out or state_dir / f"bench-sustained-{kit.timestamp()}.json"
     with interruptible():

@@ -19,6 +19,9 @@ class Plan:
     batch: int = 1
     burst: bool = True
     """False: sustained runs only (no template, no burst, no reference, no ratios)."""
+    burst_age_bound: bool = True
+    """Give each burst clone a bound on an ID's age, so its claims take the path a serving
+    cluster's take (False: no bound, ``allocator bench claims``'s fast path)."""
     wait_events_every_s: float = 0.1
     pool_every_s: float = 1.0
     cpu_every_s: float = 0.5

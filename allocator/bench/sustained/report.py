@@ -44,6 +44,7 @@ def document(
             "clients": list(plan.clients),
             "seconds": plan.seconds,
             "burst_seconds": plan.burst_seconds if plan.burst else None,
+            "burst_age_bound": plan.burst_age_bound if plan.burst else None,
             "batch": plan.batch,
             "nodes": NODES,
             "pgbench": "-n -M prepared -c C -j min(C,2) -T seconds -l",

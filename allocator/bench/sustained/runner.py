@@ -31,6 +31,7 @@ from allocator.bench.server import (
     percentile_ms,
     server_settings,
 )
+from allocator.bench.stock import EPOCH, LEADER_HEARTBEAT
 from allocator.bench.sustained import evidence, queries, report
 from allocator.bench.sustained.cpu import Roots
 from allocator.bench.sustained.plan import NODES, Plan
@@ -38,6 +39,8 @@ from allocator.bench.sustained.watch import Watch
 from allocator.config.sections import PoolConfig
 from allocator.local.info import ClusterInfo
 
+NO_BLOCK_OLDER_MS = 2**53
+"""The burst's bound on an ID's age: ~285,000 years, past the layout's epoch."""
 POOL_FULL_BLOCKS = int(PoolConfig.model_fields["min_blocks"].default)
 """A run starts once the pool holds the nodes' default ``pool.min_blocks``."""
 
@@ -152,7 +155,12 @@ def _burst(
 ) -> tuple[list[Result], list[dict[str, Any]], dict[str, Any]]:
     """``allocator bench claims``'s measure of ``claim_blocks`` and of the reference at every
     client count, each from a fresh clone of a template stocked once, on this server, each
-    watched as a sustained run is (its evidence, for the comparison)."""
+    watched as a sustained run is (its evidence, for the comparison).
+
+    With ``plan.burst_age_bound`` each clone gets a bound on an ID's age
+    (``leader_heartbeat``, as a leader) that no stocked block is older than: the claims take
+    the path a serving cluster's take and void nothing. (The template's IDs date from the
+    layout's epoch, which the cluster's real bound would void.)"""
     results: list[Result] = []
     watched: list[dict[str, Any]] = []
     template = build_template(
@@ -164,6 +172,8 @@ def _burst(
                 kit.progress(f"burst {method}: {clients} client(s), {plan.burst_seconds:g} s")
                 with fresh_database(server) as database:
                     with psycopg.connect(server.url(database), autocommit=True) as conn:
+                        if plan.burst_age_bound:
+                            conn.execute(LEADER_HEARTBEAT, (EPOCH, NO_BLOCK_OLDER_MS, 1000))
                         bound = _age_bound(conn)
                     with Watch(server, info.database_url, plan, roots) as watch:
                         row = measure(server, database, method, clients, batch, plan.burst_seconds)
