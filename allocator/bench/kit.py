@@ -35,32 +35,46 @@ def timestamp() -> str:
 
 @contextmanager
 def embedded_cluster(
-    state_dir: Path, keep: bool, *, nodes: int = 0, node_env: Mapping[str, str] | None = None
+    state_dir: Path,
+    keep: bool,
+    *,
+    nodes: int = 0,
+    node_env: Mapping[str, str] | None = None,
+    pg_standby: bool = False,
 ) -> Iterator[tuple[ClusterInfo, dict[str, Any]]]:
-    """One ZooKeeper server, PostgreSQL (migrated) and ``nodes`` nodes in ``state_dir``;
-    yields the cluster's info and the JSON describing it (completed as it stops).
+    """One ZooKeeper server, PostgreSQL (migrated; with ``pg_standby`` its synchronous
+    standby too) and ``nodes`` nodes in ``state_dir``; yields the cluster's info and the JSON
+    describing it (completed as it stops).
 
     Started here and stopped here (by pid, through :meth:`LocalCluster.down`) unless
     ``keep``; a second SIGTERM during that cleanup is ignored. The JSON says whether the
     cluster was started and stopped, and lists the pids it ran."""
-    cluster = LocalCluster(state_dir, zk_servers=1, nodes=nodes, node_env=node_env)
+    cluster = LocalCluster(
+        state_dir, zk_servers=1, nodes=nodes, node_env=node_env, pg_standby=pg_standby
+    )
     info_json: dict[str, Any] = {"state_dir": str(cluster.state_dir), "started": False}
     came_up = False
     try:
         what = f"{nodes} node" + ("" if nodes == 1 else "s") if nodes else "no node"
-        progress(f"starting the embedded cluster in {cluster.state_dir} (1 ZooKeeper, {what})")
+        standby = ", a synchronous standby" if pg_standby else ""
+        progress(
+            f"starting the embedded cluster in {cluster.state_dir} (1 ZooKeeper{standby}, {what})"
+        )
         info = cluster.up(migrate=True, nodes=nodes)
         came_up = True
         info_json["started"] = True
         info_json["pids"] = sorted(
-            pid
-            for pid in [
-                info.postgres.pid,
-                info.supervisor_pid,
-                *(s.pid for s in info.zk_servers),
-                *(n.pid for n in info.nodes),
-            ]
-            if pid
+            {
+                pid
+                for pid in [
+                    info.postgres.pid,
+                    *(s.pid for s in info.pg_servers),
+                    info.supervisor_pid,
+                    *(s.pid for s in info.zk_servers),
+                    *(n.pid for n in info.nodes),
+                ]
+                if pid
+            }
         )
         yield info, info_json
     finally:
@@ -104,3 +118,22 @@ def machine(
         "python": platform.python_version(),
         **extra,
     }
+
+
+def hardware() -> dict[str, Any]:
+    """The CPU model and the memory, from ``/proc`` (empty where it cannot be read): the
+    hardware a figure was measured on, for a page that quotes it."""
+    found: dict[str, Any] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                found["cpu_model"] = line.split(":", 1)[1].strip()
+                break
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                found["memory_gib"] = round(int(line.split()[1]) / 2**20, 1)
+                break
+    except OSError:
+        pass
+    found["kernel"] = platform.release()
+    return found

@@ -1,8 +1,8 @@
 """What every bench stocks a pool with: the layout, the epoch and the fenced SQL calls.
 
 Blocks reach a bench database only through the fenced functions, as a leader would
-(``take_fence`` once, then ``cut_blocks``), with the default layout at datacenter 0; both
-SQL calls live here, in one named place.
+(``take_fence`` once, then ``cut_blocks``; ``leader_heartbeat`` for a bound on an ID's
+age), with the default layout at datacenter 0; the SQL calls live here, in one named place.
 """
 
 from __future__ import annotations
@@ -22,3 +22,6 @@ TAKE_FENCE: Final = "SELECT * FROM allocator.take_fence(0, %s, 'bench', 'localho
 """Parameters: epoch, the bench's pid, :data:`LAYOUT_JSON`."""
 CUT_BLOCKS: Final = "SELECT * FROM allocator.cut_blocks(0, %s, %s, %s, %s, 1000)"
 """Parameters: epoch, first IDs, last IDs, :data:`LAYOUT_JSON`."""
+LEADER_HEARTBEAT: Final = "SELECT allocator.leader_heartbeat(0, %s, %s, false, %s)"
+"""Parameters: epoch, max_block_age_ms, leader_stale_ms. ``serve_aged_without_leader`` off:
+the bound stays in force without further heartbeats (migration 0011)."""

@@ -10,6 +10,7 @@ from allocator.commands import (  # the bench_* modules register on `bench`
     bench_claims,  # noqa: F401
     bench_client,  # noqa: F401
     bench_slow_consumer,  # noqa: F401
+    bench_sustained,  # noqa: F401
     claim,
     config_cmd,
     decode,

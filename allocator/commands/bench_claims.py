@@ -19,7 +19,7 @@ from allocator.commands.options import SECOND, Duration, exit_codes
 DEFAULT_STATE_DIR = Path(".run/bench-claims")
 
 
-def _counts(text: str, option: str, upper: int) -> tuple[int, ...]:
+def parse_counts(text: str, option: str, upper: int) -> tuple[int, ...]:
     try:
         counts = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
@@ -95,14 +95,14 @@ def claims(
     keep: bool,
 ) -> None:
     """Claims/s, IDs/s and p50/p99 of claim_blocks and three baselines, driven by pgbench."""
-    client_counts = _counts(clients, "--clients", 500)
+    client_counts = parse_counts(clients, "--clients", 500)
     plan = Plan(
         clients=client_counts,
         seconds=seconds,
-        batches=_counts(batch, "--batch", 1000),
+        batches=parse_counts(batch, "--batch", 1000),
         prior_claims=prior_claims,
         prior_clients=(
-            _counts(prior_clients, "--prior-clients", 500)
+            parse_counts(prior_clients, "--prior-clients", 500)
             if prior_clients
             else (max(client_counts),)
         ),

@@ -236,6 +236,7 @@ CASES: dict[Exit, list[Case]] = {
             ("bench", "claims"),
             ("bench", "client"),
             ("bench", "slow-consumer"),
+            ("bench", "sustained"),
         )
     ],
     Exit.SOFTWARE: [
