@@ -25,3 +25,7 @@ CUT_BLOCKS: Final = "SELECT * FROM allocator.cut_blocks(0, %s, %s, %s, %s, 1000)
 LEADER_HEARTBEAT: Final = "SELECT allocator.leader_heartbeat(0, %s, %s, false, %s)"
 """Parameters: epoch, max_block_age_ms, leader_stale_ms. ``serve_aged_without_leader`` off:
 the bound stays in force without further heartbeats (migration 0011)."""
+NO_BLOCK_OLDER_MS: Final = 2**53
+"""A bench's bound on an ID's age (~285,000 years, past the layout's epoch): in force, so
+``claim_blocks`` takes the path a serving cluster's claims take, and voids no stocked block
+(their IDs date from the layout's epoch, which a real bound would void)."""

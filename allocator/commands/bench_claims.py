@@ -76,6 +76,13 @@ def parse_counts(text: str, option: str, upper: int) -> tuple[int, ...]:
     show_envvar=True,
     help="Blocks stocked for each run (0: enough for the longest run at 60k claims/s).",
 )
+@click.option(
+    "--age-bound/--no-age-bound",
+    default=True,
+    show_envvar=True,
+    help="Keep a bound on an ID's age in force (none of the stocked blocks older), so claims "
+    "take a serving cluster's path; off: the path of a database no leader ever served.",
+)
 @options.database_url_option(
     help="A PostgreSQL superuser URL to bench on. [default: an embedded cluster in --state-dir]"
 )
@@ -88,6 +95,7 @@ def claims(
     prior_claims: int,
     prior_clients: str | None,
     pool_blocks: int,
+    age_bound: bool,
     database_url: str | None,
     state_dir: Path,
     json_out: Path | None,
@@ -107,6 +115,7 @@ def claims(
             else (max(client_counts),)
         ),
         pool_blocks=pool_blocks,
+        age_bound=age_bound,
     )
     out = json_out or state_dir / f"bench-claims-{kit.timestamp()}.json"
     with interruptible():

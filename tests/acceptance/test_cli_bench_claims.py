@@ -57,6 +57,8 @@ def test_bench_claims_json(state_dir: Path, tmp_path: Path) -> None:
     document: dict[str, Any] = json.loads(done.stdout)
     assert json.loads(out.read_text()) == document
 
+    assert document["plan"]["age_bound"] is True  # the path a serving cluster's claims take
+    assert document["template"]["age_bound"] is True
     results = document["results"]
     assert {(r["method"], r["clients"]) for r in results} == {
         (method, clients) for method in METHODS for clients in (1,)

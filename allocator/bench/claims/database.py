@@ -21,6 +21,8 @@ from allocator.bench.stock import (
     CUT_BLOCKS,
     EPOCH,
     LAYOUT_JSON,
+    LEADER_HEARTBEAT,
+    NO_BLOCK_OLDER_MS,
     TAKE_FENCE,
 )
 from allocator.postgres import migrate
@@ -30,8 +32,15 @@ TEMPLATE_DB = "bench_claims_template"
 RUN_DB = "bench_claims_run"
 
 
-def build_template(server: Server, blocks: int, progress: Callable[[str], None]) -> dict[str, Any]:
+def build_template(
+    server: Server, blocks: int, progress: Callable[[str], None], *, age_bound: bool = True
+) -> dict[str, Any]:
     """Create, migrate and stock :data:`TEMPLATE_DB` with ``blocks`` blocks in both queues.
+
+    With ``age_bound`` the template holds a bound on an ID's age (``leader_heartbeat``, as
+    a serving leader's) that no stocked block exceeds (:data:`NO_BLOCK_OLDER_MS`), so every
+    clone's claims take the path a serving cluster's take; without it, the path of a
+    database no leader ever served (faster: migration 0011's unbounded branch).
 
     Stocked as a leader would (``take_fence`` once, ``cut_blocks`` in arrays of
     :data:`CUT_BATCH_BLOCKS`, with its fence, high-water and overlap checks), the SKIP LOCKED
@@ -56,6 +65,8 @@ def build_template(server: Server, blocks: int, progress: Callable[[str], None])
             lasts = [last for _, last in ranges]
             conn.execute(CUT_BLOCKS, (EPOCH, firsts, lasts, LAYOUT_JSON))
         conn.execute(script("stock_queue.sql"), {"blocks": blocks, "block_size": BLOCK_SIZE_IDS})
+        if age_bound:
+            conn.execute(LEADER_HEARTBEAT, (EPOCH, NO_BLOCK_OLDER_MS, 1000))
         progress("VACUUM ANALYZE of the template")
         conn.execute("VACUUM ANALYZE")
         size = conn.execute("SELECT pg_database_size(current_database())").fetchone()
@@ -66,6 +77,7 @@ def build_template(server: Server, blocks: int, progress: Callable[[str], None])
         "stock_s": round(time.monotonic() - started, 2),
         "bytes": int(size[0]) if size else 0,
         "schema": "as migrated (stocked through cut_blocks)",
+        "age_bound": age_bound,
     }
 
 

@@ -26,6 +26,9 @@ class Plan:
     prior_clients: tuple[int, ...] = ()
     pool_blocks: int = 0
     """0: sized from the longest run (:func:`auto_pool_blocks`)."""
+    age_bound: bool = True
+    """A bound on an ID's age in force, as on a serving cluster (False: the unbounded path of
+    a database no leader ever served)."""
 
     def stocked_blocks(self) -> int:
         """Blocks the template holds: the pool, plus what the prior claims take."""

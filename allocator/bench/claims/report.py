@@ -47,6 +47,7 @@ def document(
             "pgbench": "-n -M prepared -c C -j min(C,2) -T seconds -l",
             "claim_role": claim_role,
             "kind": "burst_from_stocked_pool",
+            "age_bound": plan.age_bound,
         },
         "targets": TARGETS,
         "template": template,
@@ -65,6 +66,11 @@ def table(document: dict[str, Any], results: list[Result]) -> Iterator[str]:
     yield (
         "allocator bench claims: a BURST (pgbench drains a pool stocked before each run; no "
         "leader cuts meanwhile): what a claim costs, not a rate a cluster sustains"
+    )
+    yield (
+        "claim path: with a bound on an ID's age in force, as a serving cluster's claims take"
+        if plan["age_bound"]
+        else "claim path: WITHOUT a bound on an ID's age (no serving cluster takes it)"
     )
     yield (
         f"{plan['seconds']:g} s per run, pgbench {plan['pgbench']}, "

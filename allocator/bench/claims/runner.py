@@ -162,7 +162,7 @@ def run_plan(
     prior-claims runs. Returns the results and the template's description."""
     results: list[Result] = []
     try:
-        template = build_template(server, plan.stocked_blocks(), progress)
+        template = build_template(server, plan.stocked_blocks(), progress, age_bound=plan.age_bound)
         for batch in plan.batches:
             for clients in plan.clients:
                 for method in METHODS:

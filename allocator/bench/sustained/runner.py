@@ -31,7 +31,6 @@ from allocator.bench.server import (
     percentile_ms,
     server_settings,
 )
-from allocator.bench.stock import EPOCH, LEADER_HEARTBEAT
 from allocator.bench.sustained import evidence, queries, report
 from allocator.bench.sustained.cpu import Roots
 from allocator.bench.sustained.plan import NODES, Plan
@@ -39,8 +38,6 @@ from allocator.bench.sustained.watch import Watch
 from allocator.config.sections import PoolConfig
 from allocator.local.info import ClusterInfo
 
-NO_BLOCK_OLDER_MS = 2**53
-"""The burst's bound on an ID's age: ~285,000 years, past the layout's epoch."""
 POOL_FULL_BLOCKS = int(PoolConfig.model_fields["min_blocks"].default)
 """A run starts once the pool holds the nodes' default ``pool.min_blocks``."""
 
@@ -157,14 +154,16 @@ def _burst(
     client count, each from a fresh clone of a template stocked once, on this server, each
     watched as a sustained run is (its evidence, for the comparison).
 
-    With ``plan.burst_age_bound`` each clone gets a bound on an ID's age
-    (``leader_heartbeat``, as a leader) that no stocked block is older than: the claims take
-    the path a serving cluster's take and void nothing. (The template's IDs date from the
-    layout's epoch, which the cluster's real bound would void.)"""
+    With ``plan.burst_age_bound`` the template holds a bound on an ID's age that no stocked
+    block exceeds (:func:`~allocator.bench.claims.database.build_template`): the claims take
+    the path a serving cluster's take and void nothing."""
     results: list[Result] = []
     watched: list[dict[str, Any]] = []
     template = build_template(
-        server, auto_pool_blocks(plan.burst_seconds, plan.batch), kit.progress
+        server,
+        auto_pool_blocks(plan.burst_seconds, plan.batch),
+        kit.progress,
+        age_bound=plan.burst_age_bound,
     )
     try:
         for clients in plan.clients:
@@ -172,8 +171,6 @@ def _burst(
                 kit.progress(f"burst {method}: {clients} client(s), {plan.burst_seconds:g} s")
                 with fresh_database(server) as database:
                     with psycopg.connect(server.url(database), autocommit=True) as conn:
-                        if plan.burst_age_bound:
-                            conn.execute(LEADER_HEARTBEAT, (EPOCH, NO_BLOCK_OLDER_MS, 1000))
                         bound = _age_bound(conn)
                     with Watch(server, info.database_url, plan, roots) as watch:
                         row = measure(server, database, method, clients, batch, plan.burst_seconds)
