@@ -1,4 +1,4 @@
--- migrations/schema.sql: the schema `allocator migrate` makes, at revision 0012.
+-- migrations/schema.sql: the schema `allocator migrate` makes, at revision 0013.
 --
 -- Generated: never edit it, and never apply it in place of the migrations (a database loaded
 -- from it has no Alembic version; databases are made and changed by `allocator migrate`
@@ -349,12 +349,34 @@ BEGIN
             USING ERRCODE = 'AL002';
     END IF;
 
-    -- Claims paused (migration 0010): see its notes.
+    -- Claims paused (migration 0010): see its notes. The flag is still read in a statement
+    -- of its own after the lock is held; this migration reads the bound (0011) in that same
+    -- statement, inline: the expression of age_bound_id(0, false), without its call.
     PERFORM pg_advisory_xact_lock_shared(1095520067, 4);
     IF current_setting('transaction_isolation') = 'read committed' THEN
-        SELECT p.pause_id INTO pause FROM allocator.claim_pause p;
+        SELECT (SELECT p.pause_id FROM allocator.claim_pause p),
+               (SELECT greatest(0, least(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+                                         - a.max_block_age_ms - l.epoch_ms,
+                                         (1::bigint << l.timestamp_bits) - 1))
+                       << (l.datacenter_bits + l.lane_bits + l.sequence_bits)
+                  FROM (SELECT * FROM allocator.block_age LIMIT 1) a
+                 CROSS JOIN (SELECT * FROM allocator.cluster_layout LIMIT 1) l
+                 WHERE NOT a.serve_aged_without_leader
+                    OR a.heartbeat_at >= clock_timestamp()
+                                         - make_interval(secs => a.leader_stale_ms / 1000.0))
+          INTO pause, bound_id;
     ELSE
-        SELECT p.pause_id INTO pause FROM allocator.claim_pause p FOR SHARE;
+        SELECT (SELECT p.pause_id FROM allocator.claim_pause p FOR SHARE),
+               (SELECT greatest(0, least(floor(extract(epoch FROM clock_timestamp()) * 1000)::bigint
+                                         - a.max_block_age_ms - l.epoch_ms,
+                                         (1::bigint << l.timestamp_bits) - 1))
+                       << (l.datacenter_bits + l.lane_bits + l.sequence_bits)
+                  FROM (SELECT * FROM allocator.block_age LIMIT 1) a
+                 CROSS JOIN (SELECT * FROM allocator.cluster_layout LIMIT 1) l
+                 WHERE NOT a.serve_aged_without_leader
+                    OR a.heartbeat_at >= clock_timestamp()
+                                         - make_interval(secs => a.leader_stale_ms / 1000.0))
+          INTO pause, bound_id;
     END IF;
     IF pause IS NOT NULL THEN
         SELECT * INTO paused FROM allocator.claim_pauses c WHERE c.pause_id = pause;
@@ -365,16 +387,19 @@ BEGIN
     END IF;
 
     -- I4: the claim is durable whatever the caller's session says; local to this transaction.
-    PERFORM set_config('synchronous_commit', 'on', true);
+    -- Set only when not 'on' already (this migration): the same value at commit, without a
+    -- GUC stack entry to push and unwind on every claim.
+    IF current_setting('synchronous_commit') <> 'on' THEN
+        PERFORM set_config('synchronous_commit', 'on', true);
+    END IF;
     -- Bound how long a claim inside a transaction may sit idle (migration 0008's notes).
     IF current_setting('idle_in_transaction_session_timeout')::interval
        NOT BETWEEN interval '1 millisecond' AND interval '60 seconds' THEN
         PERFORM set_config('idle_in_transaction_session_timeout', '60s', true);
     END IF;
 
-    -- The bound (this migration), read once per call: NULL without a block_age row (an
-    -- older leader), or while no leader serves and aged blocks are served then.
-    bound_id := allocator.age_bound_id();
+    -- The bound (0011), read above with the flag: NULL without a block_age row (an older
+    -- leader), or while no leader serves and aged blocks are served then.
 
     IF bound_id IS NULL THEN
         -- Fast path, as before: draw n tickets and claim the blocks that carry them, by

@@ -33,6 +33,7 @@ REVISIONS: tuple[str, ...] = (
     "0010",
     "0011",
     "0012",
+    "0013",
 )
 """Every revision this code knows, oldest first; the last is its head."""
 
@@ -43,7 +44,8 @@ functions with new signatures; every later migration is expand-only (issue 19)."
 
 NODE_OLDEST_REVISION = "0011"
 """The oldest schema this code's node can use: it calls ``leader_heartbeat``,
-``void_aged_blocks`` and ``claimed_block_ages`` (0011); 0012 changed comments only."""
+``void_aged_blocks`` and ``claimed_block_ages`` (0011); 0012 changed comments only, 0013
+the body of ``claim_blocks``."""
 
 MARKER_KEY = "min_node_revision"
 """The key of the compatibility marker in the comment of ``public.alembic_version``."""

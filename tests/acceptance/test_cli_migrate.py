@@ -61,7 +61,7 @@ def test_migrate_to_a_revision_up_and_down_with_status_between(empty_db_url: str
     assert "nodes of this release cannot use it" in up.stdout
     report = status(url)
     assert report["current_revision"] == "0009"
-    assert report["pending_revisions"] == ["0010", "0011", "0012"]
+    assert report["pending_revisions"] == ["0010", "0011", "0012", "0013"]
     assert report["nodes_can_use"] is False
     assert report["min_node_revision"] == "0003"
     assert "run `allocator migrate` with this release" in str(report["nodes_verdict"])

@@ -491,3 +491,28 @@ def test_0012_repoints_the_schema_comment_to_docs_design_and_changes_nothing_els
     assert bodies == (0,)
     command.downgrade(config, "0011")
     assert schema_snapshot.pg_dump(bin_dir, empty_db_url).splitlines() == before
+
+
+def test_0013_changes_only_claim_blocks_body_and_downgrades_to_0012_exactly(
+    empty_db_url: str,
+) -> None:
+    """Expand-only: claim_blocks keeps its signature, result, comment, owner and grants (the
+    whole dump differs in its body alone), and the downgrade restores 0012's dump exactly."""
+    config = migrate._alembic_config(empty_db_url)
+    bin_dir = postgres.find_bin_dir()
+    command.upgrade(config, "0012")
+    before = function_definitions(empty_db_url)
+    dump = schema_snapshot.pg_dump(bin_dir, empty_db_url)
+    command.upgrade(config, "0013")
+    after = function_definitions(empty_db_url)
+    assert {name for name, d in after.items() if before.get(name) != d} == {
+        "allocator.claim_blocks(text,integer)"
+    }
+    old, new = (
+        before["allocator.claim_blocks(text,integer)"],
+        after["allocator.claim_blocks(text,integer)"],
+    )
+    assert old[1:] == new[1:]  # comment and grants
+    assert old[0].split("AS $function$")[0] == new[0].split("AS $function$")[0]  # signature
+    command.downgrade(config, "0012")
+    assert schema_snapshot.pg_dump(bin_dir, empty_db_url) == dump

@@ -889,7 +889,7 @@ def test_a_node_back_from_an_outage_to_a_schema_closed_to_it_stops_with_the_refu
     a.store.reachable = False
     wait_for("a's probe fails", lambda: a.metric("allocator_database_reachable") == 0)
     # A failover or restore brings a schema a newer release closed to this one.
-    a.store.schema = SchemaStamp("0014", "0013")
+    a.store.schema = SchemaStamp("0015", "0014")
     a.store.reachable = True
 
     assert a.thread is not None
@@ -897,8 +897,8 @@ def test_a_node_back_from_an_outage_to_a_schema_closed_to_it_stops_with_the_refu
     assert not a.thread.is_alive()
     error, a.error = a.error, None  # seen here, not reported by the fixture
     assert isinstance(error, SchemaMismatchError)
-    assert "revision 0014" in str(error)
-    assert "upgrade the node to a release that knows revision 0013" in str(error)
+    assert "revision 0015" in str(error)
+    assert "upgrade the node to a release that knows revision 0014" in str(error)
     assert term.end_reason == "shutdown"  # handed over as on a SIGTERM
     assert cluster.ensemble.children(ELECTION) == []
 
@@ -908,7 +908,7 @@ def test_a_node_back_from_an_outage_to_a_schema_it_can_use_carries_on(cluster: C
     wait_for("a leads", a.leading)
     a.store.reachable = False
     wait_for("a's probe fails", lambda: a.metric("allocator_database_reachable") == 0)
-    a.store.schema = SchemaStamp("0013", "0003")  # newer, expand-only
+    a.store.schema = SchemaStamp("0014", "0003")  # newer, expand-only
     a.store.reachable = True
 
     wait_for("a's probe answers", lambda: a.metric("allocator_database_reachable") == 1)

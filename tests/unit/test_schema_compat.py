@@ -8,7 +8,7 @@ import pytest
 from allocator.postgres import compat, migrate
 from allocator.postgres.compat import SchemaStamp
 
-ACCEPTS = "this release's nodes run on schema revisions 0011 to 0012"
+ACCEPTS = "this release's nodes run on schema revisions 0011 to 0013"
 
 
 @pytest.mark.parametrize(
@@ -21,10 +21,11 @@ ACCEPTS = "this release's nodes run on schema revisions 0011 to 0012"
         (SchemaStamp("0011", "0003"), True, "schema revision 0011"),
         (SchemaStamp("0012", "0003"), True, "schema revision 0012"),
         (SchemaStamp("0012"), True, "schema revision 0012"),  # migrated before the marker
-        (SchemaStamp("0013", "0003"), True, "newer than this release knows (head 0012)"),
-        (SchemaStamp("0013"), True, "no contract since base"),  # no marker: expand-only
-        (SchemaStamp("0013", "0012"), True, "usable: no contract since 0012"),
-        (SchemaStamp("0014", "0013"), False, "closed to nodes that do not know revision 0013"),
+        (SchemaStamp("0013", "0003"), True, "schema revision 0013"),
+        (SchemaStamp("0014", "0003"), True, "newer than this release knows (head 0013)"),
+        (SchemaStamp("0014"), True, "no contract since base"),  # no marker: expand-only
+        (SchemaStamp("0014", "0013"), True, "usable: no contract since 0013"),
+        (SchemaStamp("0015", "0014"), False, "closed to nodes that do not know revision 0014"),
         (SchemaStamp("0020", "0020"), False, "a release that knows revision 0020"),
     ],
 )
