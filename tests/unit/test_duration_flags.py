@@ -27,6 +27,7 @@ from allocator import cluster_status as status_mod
 from allocator.bench.claims import runner as claims_runner
 from allocator.bench.client import runner as client_runner
 from allocator.bench.slow_consumer import runner as slow_runner
+from allocator.bench.sustained import runner as sustained_runner
 from allocator.commands import demo as demo_mod
 from allocator.commands import local as local_mod
 from allocator.commands.options import Duration
@@ -260,6 +261,24 @@ NEW_FLAGS = [
         90.0,
         _migrate,
         ("--database-url", "postgresql://nobody@127.0.0.1:1/nothing"),
+    ),
+    Flag(
+        ("bench", "sustained"),
+        ("--duration", "90s"),
+        ("--duration", "90s"),  # born with the convention: no old spelling
+        "ALLOCATOR_BENCH_SUSTAINED_DURATION",
+        "",
+        90.0,
+        _bench(sustained_runner, lambda plan, *rest: plan.seconds),
+    ),
+    Flag(
+        ("bench", "sustained"),
+        ("--burst-duration", "20s"),
+        ("--burst-duration", "20s"),  # born with the convention: no old spelling
+        "ALLOCATOR_BENCH_SUSTAINED_BURST_DURATION",
+        "",
+        20.0,
+        _bench(sustained_runner, lambda plan, *rest: plan.burst_seconds),
     ),
 ]
 FLAGS += NEW_FLAGS
