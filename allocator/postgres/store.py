@@ -71,31 +71,14 @@ class SessionSettings:
     application_name: str
 
 
-def _refuse_behind(row: tuple[Any, ...] | None, watermark: Watermark) -> None:
-    """Raise :class:`DatabaseBehindError` if the fence row ``row`` (epoch, holder,
-    high_water_id, generation) lies below ``watermark``."""
-    if row is None:
-        raise DatabaseError("compare with the watermark: the database returned no row")
-    held = Token(int(row[3]), int(row[0]))
-    high_water_id = int(row[2])
+def refuse_behind(held: Token, high_water_id: int, watermark: Watermark) -> None:
+    """Raise :class:`DatabaseBehindError` if the database's fence ``held`` or its mark
+    ``high_water_id`` lies below ``watermark`` (a takeover's comparison; the fake store
+    makes it with this rule too)."""
     reason = database_behind(held, high_water_id, watermark)
     if reason is not None:
         raise DatabaseBehindError(
             reason, generation=held.generation, epoch=held.epoch, high_water_id=high_water_id
-        )
-
-
-def _refuse_behind_takeover(takeover: Takeover, watermark: Watermark) -> None:
-    """Raise :class:`DatabaseBehindError` if the fence ``takeover`` replaced, or the mark it
-    found, lies below ``watermark``."""
-    held = Token(takeover.previous_generation, takeover.previous_epoch)
-    reason = database_behind(held, takeover.high_water_id, watermark)
-    if reason is not None:
-        raise DatabaseBehindError(
-            reason,
-            generation=held.generation,
-            epoch=held.epoch,
-            high_water_id=takeover.high_water_id,
         )
 
 
@@ -362,8 +345,9 @@ class NodeDatabase:
                 sql.SET_LOCAL_LOCK_TIMEOUT, {"lock_timeout": str(self._takeover_lock_timeout_ms)}
             )
             row = cursor.execute(sql.TAKE_FENCE, params).fetchone()
-            if row is not None and watermark is not None:
-                _refuse_behind_takeover(row, watermark)  # raised here: rolled back
+            if row is not None and watermark is not None:  # raised here: rolled back
+                held = Token(row.previous_generation, row.previous_epoch)
+                refuse_behind(held, row.high_water_id, watermark)
         if row is None:
             raise DatabaseError(f"{what}: the database returned no row")
         return row

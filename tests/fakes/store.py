@@ -46,9 +46,10 @@ from allocator.core.records import (
     Takeover,
     TermRecord,
 )
-from allocator.fence import BIGINT_MAX, Token, Watermark, database_behind
+from allocator.fence import BIGINT_MAX, Token, Watermark
 from allocator.postgres import compat
 from allocator.postgres.compat import SchemaStamp
+from allocator.postgres.store import refuse_behind
 
 LayoutRecord = Mapping[str, int]
 """What the database records of a layout: :meth:`Layout.record` (migration 0003)."""
@@ -198,19 +199,13 @@ class FakeDatabase:
         layout: LayoutRecord,
         watermark: Watermark | None = None,
     ) -> Takeover:
-        """``allocator.take_fence``: the watermark compared first (as the store does in the
-        same transaction), then the arguments, the layout (recorded if none), the fence moved
-        forward only, every open term ended ``superseded`` and the new one recorded."""
+        """``allocator.take_fence``: the watermark compared first (the store compares it on
+        ``take_fence``'s answer before commit: either way nothing is written), then the
+        arguments, the layout (recorded if none), the fence moved forward only, every open
+        term ended ``superseded`` and the new one recorded."""
         with self._transaction(None, "take the fence") as state:
-            held = state.fence.token
-            behind = database_behind(held, state.last_id, watermark)
-            if behind is not None:
-                raise DatabaseBehindError(
-                    behind,
-                    generation=held.generation,
-                    epoch=held.epoch,
-                    high_water_id=state.last_id,
-                )
+            if watermark is not None:
+                refuse_behind(state.fence.token, state.last_id, watermark)
             if token.generation < 0 or token.epoch <= 0 or not holder:
                 raise InvalidBatchError(
                     "take_fence needs a generation >= 0, a positive epoch and a holder name"
