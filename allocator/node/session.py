@@ -159,7 +159,11 @@ class ZooKeeperSession:
 
     def _adopt(self, client: Any, znode: str | None, *, kept: bool) -> None:
         """Make ``client`` the node's: its listener, the guard reset to what it reports, the
-        session recorded; the election on it (continuing ``znode``, when kept)."""
+        session recorded; the election on it (continuing ``znode``, when kept).
+
+        Rule: the old election is dropped before the client changes, so no reader (``/status``
+        from the admin thread, the probe) ever pairs the new session with the old znode."""
+        self.election = None
         self.client = client
         self._guard.reset()
         client.add_listener(self._on_state)

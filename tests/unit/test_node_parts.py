@@ -282,6 +282,14 @@ def test_a_session_starts_and_a_recovery_without_a_znode_closes_it_for_a_new_one
     guard, signals, paused = SessionGuard(10.0), Signals(), []
     recorder = SessionRecorder(cfg, "n", "host", 1)
     recorder.prepare()
+    pairs: list[tuple[object, object]] = []  # (session, election) each time a session is recorded
+    record_session = recorder.record
+
+    def recording(credentials: tuple[int, bytes] | None) -> None:
+        pairs.append((session.credentials(), session.election))
+        record_session(credentials)
+
+    recorder.record = recording  # type: ignore[method-assign]
     session = ZooKeeperSession(
         cfg,
         "n",
@@ -314,6 +322,8 @@ def test_a_session_starts_and_a_recovery_without_a_znode_closes_it_for_a_new_one
     assert ensemble.closed_sessions == [first[0]]  # closed before the new one was opened
     assert session.election is not None
     assert session.election is not election
+    # While the new session was being recorded, nothing showed it with the old election.
+    assert (second, election) not in pairs
     session.close()
     assert session_file.read(tmp_path / "state") is None
 
